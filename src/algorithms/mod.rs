@@ -1,0 +1,1 @@
+//! The seeds' other algorithms, behind the same [`Decision`](crate::Decision).

@@ -1,0 +1,99 @@
+//! The cell: one bucket's whole state in one `AtomicU64`, updated by a
+//! compare-and-swap loop around an algorithm's pure decision function.
+//!
+//! # Orderings
+//!
+//! Every access is `Relaxed`, and that is enough:
+//! - the cell publishes no other memory: the `u64` *is* the bucket, so there
+//!   is nothing for an Acquire to make visible;
+//! - all read-modify-writes of one atomic are totally ordered (its
+//!   modification order), so a CAS from `old` succeeds only if no other
+//!   update landed since `old` was read: no update is ever lost;
+//! - a denial writes nothing and may rest on a load that is already stale.
+//!   That is still correct: updates only move an algorithm's state towards
+//!   "more used" at a given `now` (GCRA's TAT only grows), so a request
+//!   denied on an older state would be denied on the newer one too;
+//! - the evictor's claim is a CAS to [`TOMBSTONE`] on the same atomic, so it
+//!   either lands before an update (the update's CAS fails and it sees the
+//!   tombstone) or after (the evictor's CAS fails). Keeping the *node*
+//!   alive while someone reads it is the epoch's job, not the cell's.
+
+use crate::algorithm::{Algorithm, TOMBSTONE};
+use crate::sync::{AtomicU64, Ordering};
+use crate::Decision;
+
+/// One bucket. State `0` is a full bucket for every algorithm.
+#[derive(Debug)]
+pub(crate) struct Cell {
+    state: AtomicU64,
+}
+
+/// The cell was claimed by an evictor; the caller must go back to the map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tombstoned;
+
+/// CAS retries taken by all cells, counted only in unit tests so the stress
+/// tests can assert that they really raced.
+#[cfg(all(test, not(turnstile_loom)))]
+pub(crate) static CAS_RETRIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl Cell {
+    pub(crate) fn new(state: u64) -> Self {
+        Cell {
+            state: AtomicU64::new(state),
+        }
+    }
+
+    /// Decides a request of `cost` (already checked) at `now`.
+    #[inline]
+    pub(crate) fn update<A: Algorithm>(
+        &self,
+        algorithm: &A,
+        now: u64,
+        cost: u64,
+    ) -> Result<Decision, Tombstoned> {
+        let mut current = self.state.load(Ordering::Relaxed);
+        loop {
+            if current == TOMBSTONE {
+                return Err(Tombstoned);
+            }
+            let step = algorithm.decide(current, now, cost);
+            let Some(next) = step.next else {
+                return Ok(step.decision);
+            };
+            debug_assert_ne!(next, TOMBSTONE, "an algorithm produced the tombstone");
+            // Weak: a spurious failure only costs one more trip round the
+            // loop, and the weak form is a plain LL/SC on ARM.
+            match self
+                .state
+                .compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return Ok(step.decision),
+                Err(actual) => {
+                    #[cfg(all(test, not(turnstile_loom)))]
+                    CAS_RETRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    current = actual;
+                }
+            }
+        }
+    }
+
+    /// Claims the cell for eviction if its state is idle at `now`: after a
+    /// successful claim no update can ever land on it again.
+    #[allow(dead_code)] // used by the keyed map
+    pub(crate) fn try_claim_idle<A: Algorithm>(&self, algorithm: &A, now: u64) -> bool {
+        let current = self.state.load(Ordering::Relaxed);
+        current != TOMBSTONE
+            && algorithm.is_idle(current, now)
+            && self
+                .state
+                .compare_exchange(current, TOMBSTONE, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// The raw state (for sampling eviction candidates and for tests).
+    #[allow(dead_code)] // used by the keyed map
+    pub(crate) fn load(&self) -> u64 {
+        self.state.load(Ordering::Relaxed)
+    }
+}

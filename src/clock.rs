@@ -1,0 +1,252 @@
+//! Clocks: where "now" comes from, in nanoseconds since the clock's origin.
+//!
+//! | clock            | cost of a reading (this repo's bench machine) | resolution | safe when                                   |
+//! |------------------|-------------------|------------|---------------------------------------------|
+//! | [`QuantaClock`]  | about 11 ns       | ~1 ns      | the TSC is invariant and synchronised across cores (any x86 server of the last decade; quanta falls back to `CLOCK_MONOTONIC` by itself where there is no usable TSC) |
+//! | [`RecentClock`]  | about 1 ns        | ~1 ms      | a decision may be up to one upkeep tick (1 ms) late: fine for quotas whose interval is much longer than 1 ms |
+//! | [`MonotonicClock`] | about 27 ns     | ~1 ns      | always: `std::time::Instant` is monotonic by contract; pick it where the TSC cannot be trusted (some VMs, old multi-socket boxes) |
+//! | [`ManualClock`]  | one atomic load   | exact      | tests and simulations: time moves only when you move it |
+//!
+//! # A clock that steps backwards
+//!
+//! TSC readings are not always monotonic across cores (governor users saw
+//! spurious denials from this, governor issue #299). GCRA is robust to it by
+//! construction: a reading `d` nanoseconds in the past can only make the
+//! bucket look *more* used (`TAT - now` grows by `d`), so it never grants a
+//! token, and it shifts the decision by at most `d`. The next correct reading
+//! restores exact behaviour; no state is corrupted.
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::sync::{AtomicU64, Ordering};
+
+/// A source of time for a limiter: nanoseconds since this clock's origin.
+///
+/// Readings should never decrease; if one does (see the module docs), the
+/// limiter denies rather than grants. Implement it for your own time source
+/// (a simulation, a shared coarse clock) as needed.
+pub trait Clock: Send + Sync {
+    /// Nanoseconds elapsed since this clock's origin.
+    fn now(&self) -> u64;
+}
+
+/// The clock a limiter uses unless told otherwise.
+pub type DefaultClock = QuantaClock;
+
+/// The TSC through `quanta`: about 11 ns a reading on this repository's
+/// bench machine, against about 27 ns for `std::time::Instant`.
+#[derive(Clone, Debug)]
+pub struct QuantaClock {
+    clock: quanta::Clock,
+    origin: u64,
+}
+
+impl QuantaClock {
+    /// A clock whose origin is now.
+    pub fn new() -> Self {
+        let clock = quanta::Clock::new();
+        let origin = clock.raw();
+        QuantaClock { clock, origin }
+    }
+}
+
+impl Default for QuantaClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for QuantaClock {
+    #[inline]
+    fn now(&self) -> u64 {
+        // A raw reading behind the origin (another core's TSC) counts as 0.
+        self.clock.delta_as_nanos(self.origin, self.clock.raw())
+    }
+}
+
+/// `quanta`'s "recent" time: one shared value that an upkeep thread refreshes
+/// every millisecond, so a reading is a single load (about 1 ns).
+///
+/// The upkeep thread is started once per process by the first `RecentClock`
+/// and runs until the process exits. If your program already runs a
+/// `quanta::Upkeep`, that one keeps the time current and none is started.
+/// Decisions are up to one tick late: use it where quotas have intervals far
+/// longer than a millisecond and every nanosecond of the check counts.
+#[derive(Clone, Debug)]
+pub struct RecentClock {
+    clock: quanta::Clock,
+    origin: quanta::Instant,
+}
+
+/// The process-wide upkeep: kept for the life of the process.
+static UPKEEP: OnceLock<Option<quanta::Handle>> = OnceLock::new();
+
+/// How often the upkeep thread refreshes the recent time.
+pub const RECENT_CLOCK_TICK: Duration = Duration::from_millis(1);
+
+impl RecentClock {
+    /// Starts the upkeep thread if no one has, and makes a clock whose origin
+    /// is now.
+    pub fn new() -> Self {
+        // `UpkeepRunning` means someone else's upkeep keeps the time current,
+        // which serves as well; a failed spawn leaves `recent` at the last
+        // value set, which `start` sets to now, so readings stay sane.
+        UPKEEP.get_or_init(|| quanta::Upkeep::new(RECENT_CLOCK_TICK).start().ok());
+        let clock = quanta::Clock::new();
+        let origin = clock.now();
+        RecentClock { clock, origin }
+    }
+}
+
+impl Default for RecentClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for RecentClock {
+    #[inline]
+    fn now(&self) -> u64 {
+        let elapsed = self.clock.recent().saturating_duration_since(self.origin);
+        u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// `std::time::Instant`: monotonic by contract on every platform, for
+/// machines whose TSC cannot be trusted. About 27 ns a reading here.
+#[derive(Clone, Copy, Debug)]
+pub struct MonotonicClock {
+    origin: Instant,
+}
+
+impl MonotonicClock {
+    /// A clock whose origin is now.
+    pub fn new() -> Self {
+        MonotonicClock {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    #[inline]
+    fn now(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// A clock that moves only when told to: for tests, simulations and your
+/// own tests of code that uses turnstile.
+///
+/// Clones share one time, so a test keeps a clone and moves the time of the
+/// limiter that holds the other.
+///
+/// ```
+/// use turnstile::{DirectLimiter, ManualClock, Quota};
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new();
+/// let limiter = DirectLimiter::with_clock(Quota::per_second(1)?, clock.clone());
+/// assert!(limiter.check().is_allowed());
+/// assert!(limiter.check().is_denied());
+/// clock.advance(Duration::from_secs(1));
+/// assert!(limiter.check().is_allowed());
+/// # Ok::<(), turnstile::QuotaError>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct ManualClock {
+    nanos: Arc<AtomicU64>,
+}
+
+impl ManualClock {
+    /// A clock at time zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A clock at `time` after its origin.
+    pub fn starting_at(time: Duration) -> Self {
+        let clock = Self::new();
+        clock.set(time);
+        clock
+    }
+
+    /// Moves time forward by `by` (saturating at `u64::MAX` nanoseconds).
+    pub fn advance(&self, by: Duration) {
+        let by = saturating_nanos(by);
+        // Relaxed: the clock publishes only its own value.
+        let _ = self
+            .nanos
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| Some(t.saturating_add(by)));
+    }
+
+    /// Sets the time, forwards or backwards (to test a clock that steps back).
+    pub fn set(&self, time: Duration) {
+        self.nanos.store(saturating_nanos(time), Ordering::Relaxed);
+    }
+
+    /// Sets the time in nanoseconds since the origin.
+    pub fn set_nanos(&self, nanos: u64) {
+        self.nanos.store(nanos, Ordering::Relaxed);
+    }
+
+    /// The current time since the origin.
+    pub fn elapsed(&self) -> Duration {
+        Duration::from_nanos(self.now())
+    }
+}
+
+impl Clock for ManualClock {
+    #[inline]
+    fn now(&self) -> u64 {
+        self.nanos.load(Ordering::Relaxed)
+    }
+}
+
+fn saturating_nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(all(test, not(turnstile_loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn manual_clock_clones_share_time_and_saturate() {
+        let clock = ManualClock::new();
+        let other = clock.clone();
+        clock.advance(Duration::from_millis(5));
+        assert_eq!(other.now(), 5_000_000);
+        other.set(Duration::from_millis(1));
+        assert_eq!(clock.elapsed(), Duration::from_millis(1));
+        clock.advance(Duration::MAX);
+        assert_eq!(clock.now(), u64::MAX);
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(clock.now(), u64::MAX);
+        clock.set(Duration::MAX);
+        assert_eq!(clock.now(), u64::MAX);
+    }
+
+    #[test]
+    fn real_clocks_start_near_zero_and_move_forward() {
+        let clocks: [Box<dyn Clock>; 3] = [
+            Box::new(QuantaClock::new()),
+            Box::new(MonotonicClock::new()),
+            Box::new(RecentClock::new()),
+        ];
+        for clock in &clocks {
+            let first = clock.now();
+            std::thread::sleep(Duration::from_millis(5));
+            let second = clock.now();
+            assert!(first < Duration::from_secs(1).as_nanos() as u64);
+            assert!(second > first, "{first} then {second}");
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! Errors: each names what is wrong, in the caller's terms.
+
+use std::time::Duration;
+
+/// A quota that cannot be built or parsed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum QuotaError {
+    /// The text was empty.
+    #[error("empty quota: expected COUNT/PERIOD, for example \"100/min\"")]
+    Empty,
+    /// The text does not follow the grammar.
+    #[error("cannot parse quota {text:?}: {reason}")]
+    Syntax {
+        /// The text given.
+        text: String,
+        /// What was expected.
+        reason: &'static str,
+    },
+    /// A number that is not a whole, non-negative number that fits in a u64.
+    #[error("the {what} {text:?} is not a number (expected decimal digits that fit in a u64)")]
+    BadNumber {
+        /// Which part of the quota (count, period, burst).
+        what: &'static str,
+        /// The text given.
+        text: String,
+    },
+    /// The period has no unit.
+    #[error("the period has no unit: write one of ns, us, ms, s, min, h, d (for example \"100/min\")")]
+    MissingUnit,
+    /// The period's unit is not one we know.
+    #[error("unknown time unit {unit:?}: expected one of ns, us, ms, s, min, h, d")]
+    UnknownUnit {
+        /// The unit given.
+        unit: String,
+    },
+    /// The count is zero: nothing would ever pass.
+    #[error("a quota must allow at least one request per period (count is 0)")]
+    ZeroCount,
+    /// The period is zero.
+    #[error("the period must be longer than zero")]
+    ZeroPeriod,
+    /// The burst is zero: nothing would ever pass.
+    #[error("the burst must be at least 1 (a bucket of 0 tokens admits nothing)")]
+    ZeroBurst,
+    /// The period does not fit in a u64 of nanoseconds.
+    #[error("the period {period:?} is longer than u64 nanoseconds allow (about 584 years)")]
+    PeriodTooLong {
+        /// The period given (`Duration::MAX` when it came from text too large to hold).
+        period: Duration,
+    },
+    /// More than one request per nanosecond: finer than the clock.
+    #[error("{count} requests per {period:?} is more than one per nanosecond, finer than the clock measures")]
+    TooFine {
+        /// The count given.
+        count: u64,
+        /// The period given.
+        period: Duration,
+    },
+    /// `burst * interval` overflows a u64 of nanoseconds.
+    #[error("a burst of {burst} at one token per {interval:?} spans more than u64 nanoseconds (about 584 years)")]
+    BurstTooLarge {
+        /// The burst given.
+        burst: u64,
+        /// The emission interval of the quota.
+        interval: Duration,
+    },
+    /// The quota cannot be represented by an algorithm's packed state.
+    #[error("{algorithm} cannot hold {quota}: {reason}")]
+    DoesNotFit {
+        /// The algorithm (for example "fixed window").
+        algorithm: &'static str,
+        /// The quota, as text.
+        quota: String,
+        /// Why, with the bound that was exceeded.
+        reason: String,
+    },
+}
+
+/// A cost that no amount of waiting can ever meet. Not a denial: the
+/// bucket's state is unchanged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CostError {
+    /// A cost of zero tokens asks nothing; it is refused rather than
+    /// silently allowed, since it is almost always a caller's bug.
+    #[error("a cost of 0 tokens is not a request")]
+    Zero,
+    /// The cost is larger than the bucket can ever hold.
+    #[error("a cost of {cost} tokens can never be met: the burst is {burst}")]
+    ExceedsBurst {
+        /// The cost asked.
+        cost: u64,
+        /// The most the bucket ever holds.
+        burst: u64,
+    },
+}

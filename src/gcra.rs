@@ -1,0 +1,185 @@
+//! GCRA, the generic cell rate algorithm, on integer nanoseconds.
+//!
+//! The state is one number, the theoretical arrival time `TAT`: the time at
+//! which the bucket would be full again. With burst `B`, emission interval
+//! `T` and tolerance `tau = B * T`, a request of cost `n` at `now` computes
+//! `tat' = max(TAT, now) + n * T` and passes iff `tat' - now <= tau`, in
+//! which case `TAT := tat'`. A bucket with `TAT <= now` is full, exactly as
+//! if it had never been seen: that is what makes idle eviction lossless.
+//!
+//! Everything is integer and saturating. `max(TAT, now) >= now`, so no
+//! subtraction underflows; `n <= B` so `n * T <= tau` fits; the one sum that
+//! can overflow, `max(TAT, now) + n * T`, is checked, and a time too close to
+//! `u64::MAX` nanoseconds (584 years after the clock's origin) to record a
+//! new `TAT` is denied rather than wrapped into an allow.
+
+use std::num::NonZeroU64;
+
+use crate::algorithm::{sealed, Algorithm, Step, TOMBSTONE};
+use crate::error::CostError;
+use crate::{Decision, Quota};
+
+/// The GCRA parameters of one quota: the pure decision function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Gcra {
+    interval: NonZeroU64,
+    tolerance: u64,
+    burst: NonZeroU64,
+}
+
+impl Gcra {
+    /// The GCRA of `quota`.
+    pub fn new(quota: &Quota) -> Self {
+        Gcra {
+            interval: NonZeroU64::new(quota.interval_nanos()).unwrap_or(NonZeroU64::MIN),
+            tolerance: quota.tolerance_nanos(),
+            burst: NonZeroU64::new(quota.burst_size()).unwrap_or(NonZeroU64::MIN),
+        }
+    }
+
+    /// The decision for a request of `cost` tokens at `now` on a bucket whose
+    /// theoretical arrival time is `tat`: the whole algorithm as one pure
+    /// function, for tests, fuzzing and your own models.
+    pub fn check(&self, tat: u64, now: u64, cost: u64) -> Result<Step, CostError> {
+        self.check_cost(cost)?;
+        Ok(self.decide(tat, now, cost))
+    }
+}
+
+impl sealed::Sealed for Gcra {}
+
+impl Algorithm for Gcra {
+    #[inline]
+    fn check_cost(&self, cost: u64) -> Result<(), CostError> {
+        match cost {
+            0 => Err(CostError::Zero),
+            n if n > self.burst.get() => Err(CostError::ExceedsBurst {
+                cost: n,
+                burst: self.burst.get(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    #[inline]
+    fn decide(&self, tat: u64, now: u64, cost: u64) -> Step {
+        let (t, tau, burst) = (self.interval, self.tolerance, self.burst.get());
+        // Defensive for costs that skipped check_cost: never above tau.
+        let increment = cost.min(burst) * t.get();
+        let base = tat.max(now);
+        let backlog = base - now;
+        match base.checked_add(increment) {
+            // TOMBSTONE is reserved, so the largest TAT we may store is one less.
+            Some(next) if next - now <= tau && next != TOMBSTONE => Step {
+                next: Some(next),
+                decision: Decision::allowed(burst, tau - (next - now), t, next - now),
+            },
+            sum => {
+                let retry = match sum {
+                    Some(next) if next - now > tau => next - now - tau,
+                    // The new TAT cannot be recorded: the end of the clock.
+                    _ => u64::MAX,
+                };
+                Step {
+                    next: None,
+                    decision: Decision::denied(burst, tau.saturating_sub(backlog), t, backlog, retry),
+                }
+            }
+        }
+    }
+
+    #[inline]
+    fn is_idle(&self, tat: u64, now: u64) -> bool {
+        tat <= now
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const MS: u64 = 1_000_000;
+    const S: u64 = 1_000_000_000;
+
+    fn gcra(text: &str) -> Gcra {
+        Gcra::new(&text.parse().unwrap())
+    }
+
+    /// Runs `count` checks of cost 1 at `now`, returning (allowed, new tat).
+    fn burst_at(g: &Gcra, mut tat: u64, now: u64, count: usize) -> (usize, u64) {
+        let mut allowed = 0;
+        for _ in 0..count {
+            let step = g.check(tat, now, 1).unwrap();
+            if let Some(next) = step.next {
+                tat = next;
+                allowed += 1;
+            }
+        }
+        (allowed, tat)
+    }
+
+    #[test]
+    fn capacity_5_refill_2_per_second() {
+        let g = gcra("2/s burst 5");
+        let (allowed, tat) = burst_at(&g, 0, 0, 7);
+        assert_eq!(allowed, 5);
+        assert_eq!(burst_at(&g, tat, 1_100 * MS, 3).0, 2);
+        assert_eq!(burst_at(&g, tat, 1_500 * MS, 4).0, 3);
+    }
+
+    #[test]
+    fn decision_figures() {
+        let g = gcra("2/s burst 5");
+        let step = g.check(0, 0, 1).unwrap();
+        let d = step.decision;
+        assert!(d.is_allowed());
+        assert_eq!((d.remaining(), d.limit()), (4, 5));
+        assert_eq!(d.reset_after(), Duration::from_millis(500));
+        assert_eq!(d.retry_after(), None);
+
+        // Empty bucket (TAT = now + tau): the next token comes in T.
+        let d = g.check(2_500 * MS, 0, 1).unwrap().decision;
+        assert!(d.is_denied());
+        assert_eq!(d.remaining(), 0);
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(500)));
+        assert_eq!(d.reset_after(), Duration::from_millis(2_500));
+        // Three tokens wait for three intervals.
+        let d = g.check(2_500 * MS, 0, 3).unwrap().decision;
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(1_500)));
+    }
+
+    #[test]
+    fn cost_errors_change_nothing() {
+        let g = gcra("10/s");
+        assert_eq!(g.check(0, 0, 0), Err(CostError::Zero));
+        assert_eq!(
+            g.check(0, 0, 11),
+            Err(CostError::ExceedsBurst { cost: 11, burst: 10 })
+        );
+        assert!(g.check(0, 0, 10).unwrap().decision.is_allowed());
+    }
+
+    #[test]
+    fn backwards_clock_grants_nothing() {
+        let g = gcra("1/s");
+        let tat = g.check(0, 5 * S, 1).unwrap().next.unwrap();
+        assert_eq!(tat, 6 * S);
+        // A reading 300 ms in the past: denied, and retry shifted by 300 ms.
+        let d = g.check(tat, 5 * S - 300 * MS, 1).unwrap().decision;
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(1_300)));
+    }
+
+    #[test]
+    fn the_end_of_time_denies_instead_of_wrapping() {
+        let g = gcra("1/s");
+        let near_end = u64::MAX - S / 2;
+        let step = g.check(0, near_end, 1).unwrap();
+        assert_eq!(step.next, None);
+        assert!(step.decision.is_denied());
+        let step = g.check(u64::MAX - 1, u64::MAX, 1).unwrap();
+        assert!(step.decision.is_denied());
+        assert!(g.is_idle(0, 0));
+        assert!(!g.is_idle(1, 0));
+    }
+}

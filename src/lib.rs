@@ -1,0 +1,67 @@
+//! turnstile: a lock-free, in-process, keyed rate-limiter engine.
+//!
+//! Every bucket is one `AtomicU64` holding GCRA's theoretical arrival time,
+//! updated by a compare-and-swap loop around a pure integer function: a
+//! `check` is a clock read, a load, a few additions and one CAS, with no lock
+//! anywhere on the path.
+//!
+//! # Quick start
+//!
+//! ```
+//! use turnstile::{DirectLimiter, Quota};
+//!
+//! let limiter = DirectLimiter::new("10/s burst 20".parse()?);
+//! let decision = limiter.check();
+//! if decision.is_allowed() {
+//!     // serve the request; decision.remaining() tokens are left
+//! } else {
+//!     // answer 429 with Retry-After: decision.retry_after()
+//! }
+//! # Ok::<(), turnstile::QuotaError>(())
+//! ```
+//!
+//! # What a user holds
+//!
+//! - [`Quota`]: `"100/min"`, `"10/s burst 20"`, `Quota::per_minute(100)?`.
+//! - [`DirectLimiter`]: one bucket, shared by every caller.
+//! - [`Decision`]: allowed or denied, `remaining`, `retry_after`,
+//!   `reset_after`, `limit`.
+//! - [`Clock`]: where "now" comes from; [`ManualClock`] for tests.
+//! - [`algorithms`]: the fixed window, sliding-window counter and sliding log
+//!   beside GCRA, behind the same `Decision`.
+//!
+//! # Semantics
+//!
+//! A quota is a burst `B >= 1` and an emission interval `T` (period / count,
+//! rounded up to whole nanoseconds, so rounding never admits more). A request
+//! of cost `n` at `now` passes iff `max(TAT, now) + n*T - now <= B*T`. Costs
+//! of 0 or above `B` are errors ([`CostError`]), not denials. Every operation
+//! saturates: no input panics or wraps into an allow, and a clock that goes
+//! backwards grants nothing (see [`clock`]).
+
+#![warn(missing_docs, missing_debug_implementations)]
+
+mod algorithm;
+pub mod algorithms;
+mod cell;
+pub mod clock;
+mod decision;
+mod direct;
+mod error;
+mod gcra;
+mod quota;
+pub mod reference;
+mod sync;
+
+pub use algorithm::{Algorithm, Step, TOMBSTONE};
+pub use clock::{Clock, DefaultClock, ManualClock, MonotonicClock, QuantaClock, RecentClock};
+pub use decision::Decision;
+pub use direct::DirectLimiter;
+pub use error::{CostError, QuotaError};
+pub use gcra::Gcra;
+pub use quota::Quota;
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

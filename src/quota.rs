@@ -1,0 +1,411 @@
+//! `Quota`: how many requests per period, and how many at once.
+//!
+//! A quota is `count` requests per `period`, with a `burst` of at most `B`
+//! requests back to back. GCRA turns it into one number, the emission interval
+//! `T = period / count`, rounded **up** to whole nanoseconds so that rounding
+//! can never admit more than the quota. The bucket holds `B` tokens, so its
+//! tolerance is `tau = B * T` nanoseconds; that product must fit in a `u64`.
+//!
+//! # Text form
+//!
+//! ```text
+//! quota  := count "/" period [ "burst" count ]      (spaces allowed between tokens)
+//! count  := decimal digits, 1 ..= u64::MAX
+//! period := [ number ] unit                          (a missing number means 1)
+//! number := digits [ "." digits ]                    ("1.5", rounded up to whole ns)
+//! unit   := "ns" | "us" | "µs" | "ms"
+//!         | "s" | "sec" | "secs" | "second" | "seconds"
+//!         | "m" | "min" | "mins" | "minute" | "minutes"
+//!         | "h" | "hr" | "hrs" | "hour" | "hours"
+//!         | "d" | "day" | "days"
+//! ```
+//!
+//! Examples: `100/min`, `10/s`, `3/1.5s`, `10/s burst 20`, `5 / 30 s`.
+//! Without `burst`, the burst equals the count. [`Display`](std::fmt::Display)
+//! writes the canonical form, which parses back to the same quota.
+
+use std::fmt;
+use std::num::NonZeroU64;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::error::QuotaError;
+
+const NANOS_PER_SEC: u64 = 1_000_000_000;
+
+/// A rate limit: `count` requests per `period`, with bursts of up to `burst`.
+///
+/// Build one with [`Quota::per_second`], [`Quota::per_minute`],
+/// [`Quota::per_hour`], [`Quota::new`] or [`Quota::with_period`], adjust the
+/// burst with [`Quota::burst`], or parse text such as `"10/s burst 20"`.
+/// Every constructor checks its input and returns a [`QuotaError`] that names
+/// the problem; none panics.
+///
+/// ```
+/// use turnstile::Quota;
+/// use std::time::Duration;
+///
+/// let q = Quota::per_minute(100)?;
+/// assert_eq!(q.emission_interval(), Duration::from_millis(600));
+/// assert_eq!(q.burst_size(), 100);
+///
+/// let q: Quota = "10/s burst 20".parse()?;
+/// assert_eq!(q, Quota::per_second(10)?.burst(20)?);
+/// assert_eq!(q.to_string(), "10/s burst 20");
+/// # Ok::<(), turnstile::QuotaError>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Quota {
+    count: NonZeroU64,
+    period: NonZeroU64,
+    burst: NonZeroU64,
+    // Invariant: interval == ceil(period / count) >= 1, and burst * interval
+    // fits in a u64.
+    interval: NonZeroU64,
+}
+
+impl Quota {
+    /// `count` requests per `period`, burst `count`.
+    pub fn new(count: u64, period: Duration) -> Result<Quota, QuotaError> {
+        let count = NonZeroU64::new(count).ok_or(QuotaError::ZeroCount)?;
+        let period_nanos: u64 = period
+            .as_nanos()
+            .try_into()
+            .map_err(|_| QuotaError::PeriodTooLong { period })?;
+        let period = NonZeroU64::new(period_nanos).ok_or(QuotaError::ZeroPeriod)?;
+        Self::from_parts(count, period, count)
+    }
+
+    /// `n` requests per second, burst `n`.
+    pub fn per_second(n: u64) -> Result<Quota, QuotaError> {
+        Self::new(n, Duration::from_secs(1))
+    }
+
+    /// `n` requests per minute, burst `n`.
+    pub fn per_minute(n: u64) -> Result<Quota, QuotaError> {
+        Self::new(n, Duration::from_secs(60))
+    }
+
+    /// `n` requests per hour, burst `n`.
+    pub fn per_hour(n: u64) -> Result<Quota, QuotaError> {
+        Self::new(n, Duration::from_secs(3600))
+    }
+
+    /// One request per `period`, burst 1.
+    pub fn with_period(period: Duration) -> Result<Quota, QuotaError> {
+        Self::new(1, period)
+    }
+
+    /// The same rate with a burst of `burst` requests back to back.
+    pub fn burst(self, burst: u64) -> Result<Quota, QuotaError> {
+        let burst = NonZeroU64::new(burst).ok_or(QuotaError::ZeroBurst)?;
+        Self::from_parts(self.count, self.period, burst)
+    }
+
+    fn from_parts(
+        count: NonZeroU64,
+        period: NonZeroU64,
+        burst: NonZeroU64,
+    ) -> Result<Quota, QuotaError> {
+        if count > period {
+            return Err(QuotaError::TooFine {
+                count: count.get(),
+                period: Duration::from_nanos(period.get()),
+            });
+        }
+        // `count <= period`, so the quotient is at least 1.
+        let interval = NonZeroU64::new(period.get().div_ceil(count.get()))
+            .ok_or(QuotaError::ZeroPeriod)?;
+        if burst.get().checked_mul(interval.get()).is_none() {
+            return Err(QuotaError::BurstTooLarge {
+                burst: burst.get(),
+                interval: Duration::from_nanos(interval.get()),
+            });
+        }
+        Ok(Quota {
+            count,
+            period,
+            burst,
+            interval,
+        })
+    }
+
+    /// Requests allowed per [`period`](Quota::period) on average.
+    pub fn count(&self) -> u64 {
+        self.count.get()
+    }
+
+    /// The period over which [`count`](Quota::count) requests are allowed.
+    pub fn period(&self) -> Duration {
+        Duration::from_nanos(self.period.get())
+    }
+
+    /// The most requests allowed back to back (the bucket's capacity, `B`).
+    pub fn burst_size(&self) -> u64 {
+        self.burst.get()
+    }
+
+    /// The emission interval `T`: one token comes back every `T`.
+    pub fn emission_interval(&self) -> Duration {
+        Duration::from_nanos(self.interval.get())
+    }
+
+    /// `T` in nanoseconds.
+    pub fn interval_nanos(&self) -> u64 {
+        self.interval.get()
+    }
+
+    /// The period in nanoseconds.
+    pub fn period_nanos(&self) -> u64 {
+        self.period.get()
+    }
+
+    /// `tau = B * T` in nanoseconds: how far ahead of now the bucket's
+    /// theoretical arrival time may run. Always fits (checked at construction).
+    pub fn tolerance_nanos(&self) -> u64 {
+        self.burst.get() * self.interval.get()
+    }
+}
+
+impl fmt::Display for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/", self.count)?;
+        write_period(f, self.period.get())?;
+        if self.burst != self.count {
+            write!(f, " burst {}", self.burst)?;
+        }
+        Ok(())
+    }
+}
+
+/// Units for display, largest first, with their length in nanoseconds.
+const DISPLAY_UNITS: [(&str, u64); 7] = [
+    ("d", 86_400 * NANOS_PER_SEC),
+    ("h", 3_600 * NANOS_PER_SEC),
+    ("min", 60 * NANOS_PER_SEC),
+    ("s", NANOS_PER_SEC),
+    ("ms", 1_000_000),
+    ("us", 1_000),
+    ("ns", 1),
+];
+
+fn write_period(f: &mut fmt::Formatter<'_>, nanos: u64) -> fmt::Result {
+    // The largest unit that divides the period exactly; "ns" always does.
+    let (unit, len) = DISPLAY_UNITS
+        .iter()
+        .copied()
+        .find(|&(_, len)| nanos % len == 0)
+        .unwrap_or(("ns", 1));
+    match nanos / len {
+        1 => write!(f, "{unit}"),
+        n => write!(f, "{n}{unit}"),
+    }
+}
+
+impl FromStr for Quota {
+    type Err = QuotaError;
+
+    fn from_str(text: &str) -> Result<Quota, QuotaError> {
+        let trimmed = text.trim();
+        if trimmed.is_empty() {
+            return Err(QuotaError::Empty);
+        }
+        let (count, rest) = trimmed.split_once('/').ok_or_else(|| QuotaError::Syntax {
+            text: text.to_owned(),
+            reason: "expected COUNT/PERIOD, for example 100/min",
+        })?;
+        let count = parse_count(count.trim(), "count")?;
+        let rest = rest.trim();
+        let (period, burst) = match rest.find("burst") {
+            Some(at) => {
+                let burst = parse_count(rest[at + "burst".len()..].trim(), "burst")?;
+                (rest[..at].trim(), Some(burst))
+            }
+            None => (rest, None),
+        };
+        let period = parse_period(period)?;
+        let quota = Quota::new(count, period)?;
+        match burst {
+            Some(burst) => quota.burst(burst),
+            None => Ok(quota),
+        }
+    }
+}
+
+fn parse_count(text: &str, what: &'static str) -> Result<u64, QuotaError> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(QuotaError::BadNumber {
+            what,
+            text: text.to_owned(),
+        });
+    }
+    text.parse().map_err(|_| QuotaError::BadNumber {
+        what,
+        text: text.to_owned(),
+    })
+}
+
+/// Parses `[number] unit` exactly, on integers: `1.5min` is 90 s.
+fn parse_period(text: &str) -> Result<Duration, QuotaError> {
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = (text[..split].trim(), text[split..].trim());
+    let unit_nanos = unit_nanos(unit)?;
+    if number.is_empty() {
+        return Ok(Duration::from_nanos(unit_nanos));
+    }
+    let bad = || QuotaError::BadNumber {
+        what: "period",
+        text: number.to_owned(),
+    };
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
+        return Err(bad());
+    }
+    // value = (whole * 10^k + fraction) / 10^k units; keep it a fraction of
+    // u128 integers and round the nanoseconds up. More than 30 fraction digits
+    // cannot matter at nanosecond resolution: keep 30, then round up.
+    let fraction = &fraction[..fraction.len().min(30)];
+    let scale = 10u128.pow(fraction.len() as u32);
+    let digits = |s: &str| -> Result<u128, QuotaError> {
+        match s {
+            "" => Ok(0),
+            s => s.parse::<u128>().map_err(|_| bad()),
+        }
+    };
+    let (whole, fraction) = (digits(whole)?, digits(fraction)?);
+    let too_long = QuotaError::PeriodTooLong {
+        period: Duration::MAX,
+    };
+    let numerator = whole
+        .checked_mul(scale)
+        .and_then(|w| w.checked_add(fraction))
+        .and_then(|n| n.checked_mul(u128::from(unit_nanos)))
+        .ok_or(too_long.clone())?;
+    let nanos = numerator.div_ceil(scale);
+    let nanos = u64::try_from(nanos).map_err(|_| too_long)?;
+    Ok(Duration::from_nanos(nanos))
+}
+
+fn unit_nanos(unit: &str) -> Result<u64, QuotaError> {
+    Ok(match unit {
+        "ns" => 1,
+        "us" | "µs" => 1_000,
+        "ms" => 1_000_000,
+        "s" | "sec" | "secs" | "second" | "seconds" => NANOS_PER_SEC,
+        "m" | "min" | "mins" | "minute" | "minutes" => 60 * NANOS_PER_SEC,
+        "h" | "hr" | "hrs" | "hour" | "hours" => 3_600 * NANOS_PER_SEC,
+        "d" | "day" | "days" => 86_400 * NANOS_PER_SEC,
+        "" => return Err(QuotaError::MissingUnit),
+        other => {
+            return Err(QuotaError::UnknownUnit {
+                unit: other.to_owned(),
+            })
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(text: &str) -> Result<Quota, QuotaError> {
+        text.parse()
+    }
+
+    #[test]
+    fn constructors_round_the_interval_up() {
+        let q = Quota::per_second(3).unwrap();
+        assert_eq!(q.interval_nanos(), 333_333_334);
+        assert_eq!(q.tolerance_nanos(), 1_000_000_002);
+        assert_eq!(Quota::per_minute(100).unwrap().interval_nanos(), 600_000_000);
+        assert_eq!(Quota::per_hour(1).unwrap().period(), Duration::from_secs(3600));
+        let q = Quota::with_period(Duration::from_millis(250)).unwrap();
+        assert_eq!((q.count(), q.burst_size()), (1, 1));
+        assert_eq!(q.emission_interval(), Duration::from_millis(250));
+    }
+
+    #[test]
+    fn grammar_examples() {
+        assert_eq!(q("100/min").unwrap(), Quota::per_minute(100).unwrap());
+        assert_eq!(q("10/s").unwrap(), Quota::per_second(10).unwrap());
+        let three = q("3/1.5s").unwrap();
+        assert_eq!(three.period(), Duration::from_millis(1500));
+        assert_eq!(three.emission_interval(), Duration::from_millis(500));
+        assert_eq!(
+            q("10/s burst 20").unwrap(),
+            Quota::per_second(10).unwrap().burst(20).unwrap()
+        );
+        assert_eq!(q(" 5 / 30 seconds ").unwrap().period(), Duration::from_secs(30));
+        assert_eq!(q("1/1.5min").unwrap().period(), Duration::from_secs(90));
+        assert_eq!(q("7/.5s").unwrap().period(), Duration::from_millis(500));
+        assert_eq!(q("1/2d").unwrap().period(), Duration::from_secs(172_800));
+        // 1/3 ns is not a whole nanosecond: rounded up, never down.
+        assert_eq!(q("1/0.0000000001s").unwrap().period(), Duration::from_nanos(1));
+    }
+
+    #[test]
+    fn display_is_canonical_and_round_trips() {
+        for (text, shown) in [
+            ("100/min", "100/min"),
+            ("10/s", "10/s"),
+            ("3/1.5s", "3/1500ms"),
+            ("10/s burst 20", "10/s burst 20"),
+            ("5/30seconds", "5/30s"),
+            ("1/90s", "1/90s"),
+            ("2/120min", "2/2h"),
+            ("7/9ns", "7/9ns"),
+        ] {
+            let quota = q(text).unwrap();
+            assert_eq!(quota.to_string(), shown, "{text}");
+            assert_eq!(q(shown).unwrap(), quota, "{shown}");
+        }
+    }
+
+    #[test]
+    fn bad_input_is_a_typed_error_that_names_the_problem() {
+        assert_eq!(q(""), Err(QuotaError::Empty));
+        assert_eq!(q("   "), Err(QuotaError::Empty));
+        assert!(matches!(q("100"), Err(QuotaError::Syntax { .. })));
+        assert_eq!(q("0/s"), Err(QuotaError::ZeroCount));
+        assert_eq!(q("1/0s"), Err(QuotaError::ZeroPeriod));
+        assert_eq!(q("10/s burst 0"), Err(QuotaError::ZeroBurst));
+        assert_eq!(q("10/"), Err(QuotaError::MissingUnit));
+        assert_eq!(q("10/5"), Err(QuotaError::MissingUnit));
+        assert_eq!(
+            q("10/fortnight"),
+            Err(QuotaError::UnknownUnit {
+                unit: "fortnight".into()
+            })
+        );
+        assert!(matches!(q("-1/s"), Err(QuotaError::BadNumber { what: "count", .. })));
+        assert!(matches!(q("ten/s"), Err(QuotaError::BadNumber { .. })));
+        assert!(matches!(q("1/1.2.3s"), Err(QuotaError::BadNumber { .. })));
+        assert!(matches!(q("1/.s"), Err(QuotaError::BadNumber { .. })));
+        assert!(matches!(q("10/s burst x"), Err(QuotaError::BadNumber { what: "burst", .. })));
+        assert!(matches!(
+            q("99999999999999999999/s"),
+            Err(QuotaError::BadNumber { .. })
+        ));
+        assert!(matches!(q("1/99999999999d"), Err(QuotaError::PeriodTooLong { .. })));
+        assert!(matches!(q("2000000000/s"), Err(QuotaError::TooFine { .. })));
+        assert!(matches!(
+            q("1/s burst 18446744073709551615"),
+            Err(QuotaError::BurstTooLarge { .. })
+        ));
+        let message = q("10/fortnight").unwrap_err().to_string();
+        assert!(message.contains("fortnight"), "{message}");
+    }
+
+    #[test]
+    fn extreme_constructor_inputs_never_panic() {
+        assert_eq!(Quota::per_second(0), Err(QuotaError::ZeroCount));
+        assert!(Quota::new(1, Duration::MAX).is_err());
+        assert!(Quota::new(u64::MAX, Duration::from_nanos(u64::MAX)).is_ok());
+        assert!(Quota::with_period(Duration::ZERO).is_err());
+        let one = Quota::per_second(1).unwrap();
+        assert!(one.burst(u64::MAX).is_err());
+        assert_eq!(one.burst(18_446_744_073).unwrap().burst_size(), 18_446_744_073);
+    }
+}

@@ -1,0 +1,1 @@
+//! Reference models, kept for tests and comparisons, not for production.
