@@ -1,1 +1,2 @@
+//! Criterion benches (placeholder).
 fn main() {}

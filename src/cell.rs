@@ -64,10 +64,12 @@ impl Cell {
             debug_assert_ne!(next, TOMBSTONE, "an algorithm produced the tombstone");
             // Weak: a spurious failure only costs one more trip round the
             // loop, and the weak form is a plain LL/SC on ARM.
-            match self
-                .state
-                .compare_exchange_weak(current, next, Ordering::Relaxed, Ordering::Relaxed)
-            {
+            match self.state.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => return Ok(step.decision),
                 Err(actual) => {
                     #[cfg(all(test, not(turnstile_loom)))]
@@ -78,21 +80,29 @@ impl Cell {
         }
     }
 
-    /// Claims the cell for eviction if its state is idle at `now`: after a
-    /// successful claim no update can ever land on it again.
-    #[allow(dead_code)] // used by the keyed map
-    pub(crate) fn try_claim_idle<A: Algorithm>(&self, algorithm: &A, now: u64) -> bool {
-        let current = self.state.load(Ordering::Relaxed);
-        current != TOMBSTONE
-            && algorithm.is_idle(current, now)
-            && self
-                .state
-                .compare_exchange(current, TOMBSTONE, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
+    /// Claims the cell for eviction if `claimable(state)`: after a
+    /// successful claim no update can ever land on it again. Returns false if
+    /// the state was not claimable or the cell was already claimed.
+    pub(crate) fn try_claim(&self, claimable: impl Fn(u64) -> bool) -> bool {
+        let mut current = self.state.load(Ordering::Relaxed);
+        loop {
+            if current == TOMBSTONE || !claimable(current) {
+                return false;
+            }
+            match self.state.compare_exchange(
+                current,
+                TOMBSTONE,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                // An update landed first: judge its state afresh.
+                Err(actual) => current = actual,
+            }
+        }
     }
 
     /// The raw state (for sampling eviction candidates and for tests).
-    #[allow(dead_code)] // used by the keyed map
     pub(crate) fn load(&self) -> u64 {
         self.state.load(Ordering::Relaxed)
     }

@@ -184,7 +184,9 @@ impl ManualClock {
         // Relaxed: the clock publishes only its own value.
         let _ = self
             .nanos
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| Some(t.saturating_add(by)));
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                Some(t.saturating_add(by))
+            });
     }
 
     /// Sets the time, forwards or backwards (to test a clock that steps back).

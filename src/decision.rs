@@ -26,7 +26,12 @@ impl Decision {
     /// An allowed decision. `headroom / per_token` tokens remain; the bucket
     /// is full again after `reset_after` nanoseconds.
     #[inline]
-    pub(crate) fn allowed(limit: u64, headroom: u64, per_token: NonZeroU64, reset_after: u64) -> Self {
+    pub(crate) fn allowed(
+        limit: u64,
+        headroom: u64,
+        per_token: NonZeroU64,
+        reset_after: u64,
+    ) -> Self {
         Decision {
             allowed: true,
             limit,
@@ -56,6 +61,19 @@ impl Decision {
             // A denial always has something to wait for, even if rounding
             // made the wait shorter than a nanosecond.
             retry_after: retry_after.max(1),
+        }
+    }
+
+    /// This decision turned into a refusal that changes nothing: used when a
+    /// request is refused without state (a full keyed limiter that denies new
+    /// keys). The wait it advises is the time the request would have taken
+    /// to pay back.
+    pub(crate) fn refused(self) -> Decision {
+        Decision {
+            allowed: false,
+            headroom: 0,
+            retry_after: self.reset_after.max(1),
+            ..self
         }
     }
 

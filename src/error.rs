@@ -26,7 +26,9 @@ pub enum QuotaError {
         text: String,
     },
     /// The period has no unit.
-    #[error("the period has no unit: write one of ns, us, ms, s, min, h, d (for example \"100/min\")")]
+    #[error(
+        "the period has no unit: write one of ns, us, ms, s, min, h, d (for example \"100/min\")"
+    )]
     MissingUnit,
     /// The period's unit is not one we know.
     #[error("unknown time unit {unit:?}: expected one of ns, us, ms, s, min, h, d")]

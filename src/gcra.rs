@@ -82,7 +82,13 @@ impl Algorithm for Gcra {
                 };
                 Step {
                     next: None,
-                    decision: Decision::denied(burst, tau.saturating_sub(backlog), t, backlog, retry),
+                    decision: Decision::denied(
+                        burst,
+                        tau.saturating_sub(backlog),
+                        t,
+                        backlog,
+                        retry,
+                    ),
                 }
             }
         }
@@ -155,7 +161,10 @@ mod tests {
         assert_eq!(g.check(0, 0, 0), Err(CostError::Zero));
         assert_eq!(
             g.check(0, 0, 11),
-            Err(CostError::ExceedsBurst { cost: 11, burst: 10 })
+            Err(CostError::ExceedsBurst {
+                cost: 11,
+                burst: 10
+            })
         );
         assert!(g.check(0, 0, 10).unwrap().decision.is_allowed());
     }

@@ -49,6 +49,8 @@ mod decision;
 mod direct;
 mod error;
 mod gcra;
+pub mod keyed;
+mod map;
 mod quota;
 pub mod reference;
 mod sync;
@@ -59,6 +61,7 @@ pub use decision::Decision;
 pub use direct::DirectLimiter;
 pub use error::{CostError, QuotaError};
 pub use gcra::Gcra;
+pub use keyed::{KeyedLimiter, KeyedLimiterBuilder, OverflowPolicy};
 pub use quota::Quota;
 
 /// The README's examples, compiled and run as doc tests.

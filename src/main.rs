@@ -1,1 +1,2 @@
+//! The turnstile command-line program (placeholder until the CLI lands).
 fn main() {}

@@ -114,8 +114,8 @@ impl Quota {
             });
         }
         // `count <= period`, so the quotient is at least 1.
-        let interval = NonZeroU64::new(period.get().div_ceil(count.get()))
-            .ok_or(QuotaError::ZeroPeriod)?;
+        let interval =
+            NonZeroU64::new(period.get().div_ceil(count.get())).ok_or(QuotaError::ZeroPeriod)?;
         if burst.get().checked_mul(interval.get()).is_none() {
             return Err(QuotaError::BurstTooLarge {
                 burst: burst.get(),
@@ -319,8 +319,14 @@ mod tests {
         let q = Quota::per_second(3).unwrap();
         assert_eq!(q.interval_nanos(), 333_333_334);
         assert_eq!(q.tolerance_nanos(), 1_000_000_002);
-        assert_eq!(Quota::per_minute(100).unwrap().interval_nanos(), 600_000_000);
-        assert_eq!(Quota::per_hour(1).unwrap().period(), Duration::from_secs(3600));
+        assert_eq!(
+            Quota::per_minute(100).unwrap().interval_nanos(),
+            600_000_000
+        );
+        assert_eq!(
+            Quota::per_hour(1).unwrap().period(),
+            Duration::from_secs(3600)
+        );
         let q = Quota::with_period(Duration::from_millis(250)).unwrap();
         assert_eq!((q.count(), q.burst_size()), (1, 1));
         assert_eq!(q.emission_interval(), Duration::from_millis(250));
@@ -337,12 +343,18 @@ mod tests {
             q("10/s burst 20").unwrap(),
             Quota::per_second(10).unwrap().burst(20).unwrap()
         );
-        assert_eq!(q(" 5 / 30 seconds ").unwrap().period(), Duration::from_secs(30));
+        assert_eq!(
+            q(" 5 / 30 seconds ").unwrap().period(),
+            Duration::from_secs(30)
+        );
         assert_eq!(q("1/1.5min").unwrap().period(), Duration::from_secs(90));
         assert_eq!(q("7/.5s").unwrap().period(), Duration::from_millis(500));
         assert_eq!(q("1/2d").unwrap().period(), Duration::from_secs(172_800));
         // 1/3 ns is not a whole nanosecond: rounded up, never down.
-        assert_eq!(q("1/0.0000000001s").unwrap().period(), Duration::from_nanos(1));
+        assert_eq!(
+            q("1/0.0000000001s").unwrap().period(),
+            Duration::from_nanos(1)
+        );
     }
 
     #[test]
@@ -379,16 +391,25 @@ mod tests {
                 unit: "fortnight".into()
             })
         );
-        assert!(matches!(q("-1/s"), Err(QuotaError::BadNumber { what: "count", .. })));
+        assert!(matches!(
+            q("-1/s"),
+            Err(QuotaError::BadNumber { what: "count", .. })
+        ));
         assert!(matches!(q("ten/s"), Err(QuotaError::BadNumber { .. })));
         assert!(matches!(q("1/1.2.3s"), Err(QuotaError::BadNumber { .. })));
         assert!(matches!(q("1/.s"), Err(QuotaError::BadNumber { .. })));
-        assert!(matches!(q("10/s burst x"), Err(QuotaError::BadNumber { what: "burst", .. })));
+        assert!(matches!(
+            q("10/s burst x"),
+            Err(QuotaError::BadNumber { what: "burst", .. })
+        ));
         assert!(matches!(
             q("99999999999999999999/s"),
             Err(QuotaError::BadNumber { .. })
         ));
-        assert!(matches!(q("1/99999999999d"), Err(QuotaError::PeriodTooLong { .. })));
+        assert!(matches!(
+            q("1/99999999999d"),
+            Err(QuotaError::PeriodTooLong { .. })
+        ));
         assert!(matches!(q("2000000000/s"), Err(QuotaError::TooFine { .. })));
         assert!(matches!(
             q("1/s burst 18446744073709551615"),
@@ -406,6 +427,9 @@ mod tests {
         assert!(Quota::with_period(Duration::ZERO).is_err());
         let one = Quota::per_second(1).unwrap();
         assert!(one.burst(u64::MAX).is_err());
-        assert_eq!(one.burst(18_446_744_073).unwrap().burst_size(), 18_446_744_073);
+        assert_eq!(
+            one.burst(18_446_744_073).unwrap().burst_size(),
+            18_446_744_073
+        );
     }
 }

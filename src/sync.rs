@@ -6,7 +6,14 @@
 //! does not also flip every other crate in the build that knows `cfg(loom)`.
 
 #[cfg(not(turnstile_loom))]
-pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
+pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(turnstile_loom)]
-pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// Lets another thread run while this one waits for it (loom must see it).
+#[cfg(not(turnstile_loom))]
+pub(crate) use std::thread::yield_now;
+
+#[cfg(turnstile_loom)]
+pub(crate) use loom::thread::yield_now;

@@ -1,0 +1,613 @@
+//! `KeyedLimiter`: one bucket per key, in a lock-free map that bounds its
+//! own memory and forgets idle keys by itself.
+//!
+//! # Eviction, and what runs when
+//!
+//! No background thread: housekeeping runs a little at a time on the
+//! callers' threads, as moka does.
+//!
+//! - **Idle keys are forgotten losslessly.** A bucket whose state is idle
+//!   (GCRA: `TAT <= now`, a full bucket) decides every future request
+//!   exactly as a missing one does, so removing it changes nothing. The
+//!   evictor claims the cell with a CAS to the tombstone; an update that
+//!   meets the tombstone goes back to the map and starts a fresh bucket,
+//!   so no update is ever applied to a cell being removed.
+//! - **Every [`TICK`] of clock time**, the first `check` that notices it
+//!   sweeps [`SWEEP_SLOTS`] slots of the table for idle keys (or, while the
+//!   table is being resized, copies that many slots instead). Every other
+//!   `check` pays one relaxed load of the next tick's time. After a burst of
+//!   keys goes idle, a table of `S` slots is swept in `S / 256` ms of
+//!   traffic (about 16 s for the 4M slots a million keys use).
+//! - **When a quarter of the table is dead weight**, the sweep starts a
+//!   migration to a table sized for the live keys (three slots per key,
+//!   rounded up to a power of two), so memory follows the live keys down as
+//!   well as up. Inserts trigger the same migration when the table is half
+//!   full, and each insert that meets a migration copies
+//!   [`MIGRATION_CHUNK`](crate::keyed::MIGRATION_CHUNK) slots of it.
+//! - **On demand**, [`KeyedLimiter::evict_idle`] sweeps everything at once.
+//! - **At `max_keys`**, a new key is admitted according to the
+//!   [`OverflowPolicy`]; the default evicts, among [`OVERFLOW_SAMPLE`] slots
+//!   near the new key, the bucket closest to full: it carries the least
+//!   information, and under a flood of random keys it is usually one of the
+//!   flood's own single-request keys, not a steady user's.
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::hash::Hash;
+use std::marker::PhantomData;
+
+use crate::algorithm::Algorithm;
+use crate::cell::Tombstoned;
+use crate::clock::{Clock, DefaultClock};
+use crate::error::CostError;
+use crate::map::{Map, Node, Pinned};
+use crate::sync::{AtomicU64, Ordering};
+use crate::{Decision, Gcra, Quota};
+
+/// Clock time between two housekeeping steps.
+pub const TICK: u64 = 1_000_000;
+/// Slots one housekeeping step sweeps (or copies): a few microseconds of
+/// work, taken by one caller once per [`TICK`].
+pub const SWEEP_SLOTS: usize = 256;
+/// Slots sampled to choose a victim when the limiter is full.
+pub const OVERFLOW_SAMPLE: usize = 8;
+pub use crate::map::MIGRATION_CHUNK;
+/// The default bound on live keys (about 64 MB of GCRA state for `u64` keys).
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+/// What a full limiter (at `max_keys` live keys, none idle) does with a key
+/// it has not seen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OverflowPolicy {
+    /// Forget the bucket closest to full among a few sampled keys, and admit
+    /// the new key. Memory stays flat under a flood of random keys while
+    /// keys in real use keep their state. The forgotten key, if it comes
+    /// back, starts with a full bucket: the one place where turnstile trades
+    /// exactness for bounded memory.
+    #[default]
+    EvictFullest,
+    /// Deny new keys until room is made (fail closed).
+    Deny,
+    /// Allow new keys without tracking them (fail open): each such request
+    /// is decided as the first of a full bucket.
+    AllowUntracked,
+}
+
+/// One bucket per key: lock-free, bounded, self-evicting.
+///
+/// ```
+/// use turnstile::{KeyedLimiter, Quota};
+///
+/// let limiter = KeyedLimiter::<String>::new(Quota::per_minute(100)?);
+/// // Lookups borrow: checking a `&str` allocates nothing for a known key.
+/// assert!(limiter.check("user_42").is_allowed());
+/// assert_eq!(limiter.check("user_42").remaining(), 98);
+/// assert_eq!(limiter.check("user_7").remaining(), 99);
+/// assert_eq!(limiter.len(), 2);
+/// # Ok::<(), turnstile::QuotaError>(())
+/// ```
+pub struct KeyedLimiter<K, C: Clock = DefaultClock, A: Algorithm = Gcra> {
+    map: Map<K>,
+    algorithm: A,
+    clock: C,
+    max_keys: usize,
+    overflow: OverflowPolicy,
+    /// Clock time of the next housekeeping step.
+    next_tick: AtomicU64,
+}
+
+impl<K> KeyedLimiter<K>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+{
+    /// A GCRA limiter for `quota` per key, on the default clock, with
+    /// [`DEFAULT_MAX_KEYS`] and [`OverflowPolicy::EvictFullest`].
+    pub fn new(quota: Quota) -> Self {
+        Self::builder(quota).build()
+    }
+
+    /// A builder to choose the clock, the bound and the overflow policy.
+    pub fn builder(quota: Quota) -> KeyedLimiterBuilder<K> {
+        KeyedLimiterBuilder {
+            algorithm: Gcra::new(&quota),
+            clock: DefaultClock::new(),
+            max_keys: DEFAULT_MAX_KEYS,
+            overflow: OverflowPolicy::default(),
+            keys: PhantomData,
+        }
+    }
+}
+
+impl<K, C, A> KeyedLimiter<K, C, A>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    C: Clock,
+    A: Algorithm,
+{
+    /// Decides one request of cost 1 for `key`.
+    #[inline]
+    pub fn check<Q>(&self, key: &Q) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        // Cost 1 is always valid: every algorithm's limit is at least 1.
+        self.decide(key, 1, &self.algorithm)
+    }
+
+    /// Decides one request of cost `n` for `key`: all `n` tokens or none. An
+    /// error, not a denial, when `n` is 0 or above the burst.
+    #[inline]
+    pub fn check_n<Q>(&self, key: &Q, n: u64) -> Result<Decision, CostError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.algorithm.check_cost(n)?;
+        Ok(self.decide(key, n, &self.algorithm))
+    }
+
+    /// Keys currently tracked (live buckets; idle ones count until evicted).
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether no key is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forgets every idle key now (they would decide exactly as missing
+    /// keys do) and shrinks the table to fit. Returns how many were
+    /// forgotten. Not needed for bounded memory: housekeeping does this a
+    /// little at a time by itself.
+    pub fn evict_idle(&self) -> usize {
+        let now = self.clock.now();
+        let idle = |state| self.algorithm.is_idle(state, now);
+        self.map.pin().evict_all_idle(&idle)
+    }
+
+    /// Slots in the map's current table (for memory accounting).
+    pub fn capacity(&self) -> usize {
+        self.map.pin().capacity()
+    }
+
+    /// The most keys this limiter tracks at once.
+    pub fn max_keys(&self) -> usize {
+        self.max_keys
+    }
+
+    /// The clock this limiter reads.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    #[inline]
+    fn decide<Q, D>(&self, key: &Q, cost: u64, algorithm: &D) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        D: Algorithm,
+    {
+        let now = self.clock.now();
+        let hash = self.map.hash(key);
+        let map = self.map.pin();
+        let idle = |state| self.algorithm.is_idle(state, now);
+        // Relaxed: the tick time guards no other data; a stale read only
+        // delays or repeats a housekeeping step, and the CAS picks one caller.
+        let due = self.next_tick.load(Ordering::Relaxed);
+        if now >= due {
+            self.housekeep(&map, due, now, &idle);
+        }
+        loop {
+            let node = match map.find(hash, key) {
+                Some(node) => node,
+                None => match self.admit(&map, hash, key, &idle) {
+                    Some(node) => node,
+                    None => return self.overflow_decision(algorithm, now, cost),
+                },
+            };
+            match node.cell.update(algorithm, now, cost) {
+                Ok(decision) => return decision,
+                // Evicted under our feet: the key is absent now; look again.
+                Err(Tombstoned) => continue,
+            }
+        }
+    }
+
+    /// Finds room for a key that is not in the map, and inserts it. `None`
+    /// when the overflow policy refuses to track it.
+    #[cold]
+    fn admit<'p, Q>(
+        &self,
+        map: &'p Pinned<'_, K>,
+        hash: u64,
+        key: &Q,
+        idle: &impl Fn(u64) -> bool,
+    ) -> Option<&'p Node<K>>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        // Each failed sample tombstoned nothing; after this many, give up
+        // rather than spin (only possible when other threads keep taking
+        // the room we make).
+        const ATTEMPTS: usize = 16;
+        for _ in 0..ATTEMPTS {
+            if map.try_reserve(self.max_keys) {
+                let (node, inserted) = map.insert(hash, key, || key.to_owned(), idle);
+                if !inserted {
+                    map.unreserve();
+                }
+                return Some(node);
+            }
+            match self.overflow {
+                OverflowPolicy::EvictFullest => {
+                    map.evict_one_near(hash, OVERFLOW_SAMPLE);
+                }
+                OverflowPolicy::Deny | OverflowPolicy::AllowUntracked => return None,
+            }
+        }
+        None
+    }
+
+    #[cold]
+    fn overflow_decision(&self, algorithm: &impl Algorithm, now: u64, cost: u64) -> Decision {
+        let fresh = algorithm.decide(0, now, cost).decision;
+        match self.overflow {
+            OverflowPolicy::AllowUntracked => fresh,
+            OverflowPolicy::EvictFullest | OverflowPolicy::Deny => fresh.refused(),
+        }
+    }
+
+    #[cold]
+    fn housekeep(&self, map: &Pinned<'_, K>, due: u64, now: u64, idle: &impl Fn(u64) -> bool) {
+        if self
+            .next_tick
+            .compare_exchange(
+                due,
+                now.saturating_add(TICK),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+        {
+            map.maintain(SWEEP_SLOTS, idle);
+        }
+    }
+}
+
+impl<K, C> KeyedLimiter<K, C, Gcra>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    C: Clock,
+{
+    /// Decides one request of cost `n` for `key` under `quota` instead of the
+    /// limiter's own: for tiered plans, where each caller's quota comes with
+    /// its key. Keep one quota per key: the state is a GCRA arrival time,
+    /// which each quota reads in its own terms.
+    pub fn check_with<Q>(&self, key: &Q, quota: &Quota, n: u64) -> Result<Decision, CostError>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let gcra = Gcra::new(quota);
+        gcra.check_cost(n)?;
+        Ok(self.decide(key, n, &gcra))
+    }
+}
+
+impl<K, C: Clock, A: Algorithm + fmt::Debug> fmt::Debug for KeyedLimiter<K, C, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedLimiter")
+            .field("algorithm", &self.algorithm)
+            .field("len", &self.map.len())
+            .field("max_keys", &self.max_keys)
+            .field("overflow", &self.overflow)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`KeyedLimiter`]: `KeyedLimiter::builder(quota)`.
+pub struct KeyedLimiterBuilder<K, C = DefaultClock, A = Gcra> {
+    algorithm: A,
+    clock: C,
+    max_keys: usize,
+    overflow: OverflowPolicy,
+    keys: PhantomData<fn() -> K>,
+}
+
+impl<K, C, A> KeyedLimiterBuilder<K, C, A>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    C: Clock,
+    A: Algorithm,
+{
+    /// Reads time from `clock` (a [`ManualClock`](crate::ManualClock) in tests).
+    pub fn clock<C2: Clock>(self, clock: C2) -> KeyedLimiterBuilder<K, C2, A> {
+        KeyedLimiterBuilder {
+            algorithm: self.algorithm,
+            clock,
+            max_keys: self.max_keys,
+            overflow: self.overflow,
+            keys: PhantomData,
+        }
+    }
+
+    /// Runs `algorithm` (for example a
+    /// [`FixedWindow`](crate::algorithms::FixedWindow)) instead of the
+    /// quota's GCRA.
+    pub fn algorithm<A2: Algorithm>(self, algorithm: A2) -> KeyedLimiterBuilder<K, C, A2> {
+        KeyedLimiterBuilder {
+            algorithm,
+            clock: self.clock,
+            max_keys: self.max_keys,
+            overflow: self.overflow,
+            keys: PhantomData,
+        }
+    }
+
+    /// Tracks at most `max_keys` keys at once (at least 1: a limiter must
+    /// hold the key it is deciding, so 0 is taken as 1).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys.max(1);
+        self
+    }
+
+    /// What to do with a new key when `max_keys` are tracked.
+    pub fn overflow(mut self, policy: OverflowPolicy) -> Self {
+        self.overflow = policy;
+        self
+    }
+
+    /// The limiter.
+    pub fn build(self) -> KeyedLimiter<K, C, A> {
+        KeyedLimiter {
+            map: Map::new(),
+            algorithm: self.algorithm,
+            clock: self.clock,
+            max_keys: self.max_keys,
+            overflow: self.overflow,
+            next_tick: AtomicU64::new(TICK),
+        }
+    }
+}
+
+impl<K, C: fmt::Debug, A: fmt::Debug> fmt::Debug for KeyedLimiterBuilder<K, C, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedLimiterBuilder")
+            .field("algorithm", &self.algorithm)
+            .field("clock", &self.clock)
+            .field("max_keys", &self.max_keys)
+            .field("overflow", &self.overflow)
+            .finish()
+    }
+}
+
+#[cfg(all(test, not(turnstile_loom)))]
+mod tests {
+    use super::*;
+    use crate::ManualClock;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn limiter<K: Hash + Eq + Send + Sync + 'static>(
+        quota: &str,
+    ) -> (KeyedLimiter<K, ManualClock>, ManualClock) {
+        let clock = ManualClock::new();
+        let limiter = KeyedLimiter::builder(quota.parse().unwrap())
+            .clock(clock.clone())
+            .build();
+        (limiter, clock)
+    }
+
+    #[test]
+    fn each_key_has_its_own_bucket() {
+        let (limiter, clock) = limiter::<u64>("2/s burst 5");
+        for key in 0..100u64 {
+            let admitted = (0..7).filter(|_| limiter.check(&key).is_allowed()).count();
+            assert_eq!(admitted, 5, "key {key}");
+        }
+        assert_eq!(limiter.len(), 100);
+        clock.advance(Duration::from_millis(1_100));
+        let admitted = (0..3).filter(|_| limiter.check(&7).is_allowed()).count();
+        assert_eq!(admitted, 2);
+    }
+
+    #[test]
+    fn string_keys_are_looked_up_by_str() {
+        let (limiter, _) = limiter::<String>("3/min");
+        assert_eq!(limiter.check("user_42").remaining(), 2);
+        assert_eq!(limiter.check(&"user_42".to_string()).remaining(), 1);
+        assert_eq!(limiter.check("user_42").remaining(), 0);
+        assert!(limiter.check("user_42").is_denied());
+        assert!(limiter.check("").is_allowed());
+        assert_eq!(limiter.len(), 2);
+    }
+
+    #[test]
+    fn tuple_and_ip_keys() {
+        use std::net::{IpAddr, Ipv4Addr};
+        let (by_route, _) = limiter::<(&'static str, u32)>("1/s");
+        assert!(by_route.check(&("/login", 7)).is_allowed());
+        assert!(by_route.check(&("/login", 7)).is_denied());
+        assert!(by_route.check(&("/api", 7)).is_allowed());
+        let (by_ip, _) = limiter::<IpAddr>("1/s");
+        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        assert!(by_ip.check(&ip).is_allowed());
+        assert!(by_ip.check(&ip).is_denied());
+    }
+
+    #[test]
+    fn cost_errors_and_per_call_quotas() {
+        let (limiter, _) = limiter::<u64>("10/s");
+        assert_eq!(limiter.check_n(&1, 0), Err(CostError::Zero));
+        assert_eq!(
+            limiter.check_n(&1, 11),
+            Err(CostError::ExceedsBurst {
+                cost: 11,
+                burst: 10
+            })
+        );
+        assert_eq!(limiter.len(), 0, "an error changes nothing");
+        let gold: Quota = "100/s".parse().unwrap();
+        assert_eq!(limiter.check_with(&1, &gold, 50).unwrap().remaining(), 50);
+        assert!(limiter.check_with(&2, &gold, 101).is_err());
+    }
+
+    #[test]
+    fn growth_keeps_every_bucket() {
+        let (limiter, _) = limiter::<u64>("1/min");
+        for key in 0..50_000u64 {
+            assert!(limiter.check(&key).is_allowed());
+        }
+        for key in 0..50_000u64 {
+            assert!(
+                limiter.check(&key).is_denied(),
+                "key {key} forgot its state"
+            );
+        }
+        assert_eq!(limiter.len(), 50_000);
+        assert!(limiter.capacity() >= 100_000);
+    }
+
+    #[test]
+    fn evict_idle_is_lossless_and_shrinks() {
+        let (limiter, clock) = limiter::<u64>("1/s burst 2");
+        for key in 0..10_000u64 {
+            let _ = limiter.check(&key);
+        }
+        let grown = limiter.capacity();
+        // Key 0 stays busy; everyone else goes idle at their TAT, 1 s.
+        clock.set(Duration::from_secs(1));
+        assert_eq!(limiter.check(&0).remaining(), 1);
+        assert_eq!(limiter.check(&0).remaining(), 0);
+        // Housekeeping may have swept a few already; evict_idle takes the rest.
+        let before = limiter.len();
+        assert!(before > 1);
+        assert_eq!(limiter.evict_idle(), before - 1);
+        assert_eq!(limiter.len(), 1);
+        assert!(
+            limiter.capacity() < grown / 100,
+            "{} vs {grown}",
+            limiter.capacity()
+        );
+        assert!(limiter.check(&0).is_denied(), "the busy key kept its state");
+        assert_eq!(
+            limiter.check(&1).remaining(),
+            1,
+            "an evicted key is a full one"
+        );
+    }
+
+    #[test]
+    fn idle_keys_go_away_without_being_asked() {
+        let (limiter, clock) = limiter::<u64>("10/s");
+        for key in 0..100_000u64 {
+            let _ = limiter.check(&key);
+        }
+        let grown = limiter.capacity();
+        clock.advance(Duration::from_secs(1));
+        // Traffic from one user: each tick of clock time, a bit of housekeeping.
+        let mut checks = 0;
+        while limiter.len() > 1 || limiter.capacity() > 64 {
+            clock.advance(Duration::from_nanos(TICK));
+            let _ = limiter.check(&u64::MAX);
+            checks += 1;
+            assert!(
+                checks < 100_000,
+                "len {} capacity {} {:?}",
+                limiter.len(),
+                limiter.capacity(),
+                limiter.map
+            );
+        }
+        assert!(
+            limiter.capacity() <= 64,
+            "{grown} slots shrank to {}",
+            limiter.capacity()
+        );
+    }
+
+    #[test]
+    fn overflow_policies() {
+        let clock = ManualClock::new();
+        let quota: Quota = "1/min".parse().unwrap();
+        let deny = KeyedLimiter::builder(quota)
+            .clock(clock.clone())
+            .max_keys(2)
+            .overflow(OverflowPolicy::Deny)
+            .build();
+        assert!(deny.check(&1u64).is_allowed());
+        assert!(deny.check(&2).is_allowed());
+        let refused = deny.check(&3);
+        assert!(refused.is_denied());
+        assert_eq!(refused.retry_after(), Some(Duration::from_secs(60)));
+        assert_eq!(deny.len(), 2);
+
+        let open = KeyedLimiter::builder(quota)
+            .clock(clock.clone())
+            .max_keys(1)
+            .overflow(OverflowPolicy::AllowUntracked)
+            .build();
+        assert!(open.check(&1u64).is_allowed());
+        assert!(open.check(&2).is_allowed());
+        assert!(open.check(&2).is_allowed(), "untracked: never remembered");
+        assert_eq!(open.len(), 1);
+
+        let evict = KeyedLimiter::builder(quota)
+            .clock(clock)
+            .max_keys(1)
+            .build();
+        assert!(evict.check(&1u64).is_allowed());
+        assert!(evict.check(&2).is_allowed());
+        assert_eq!(evict.len(), 1);
+        assert!(evict.check(&2).is_denied(), "the newcomer is tracked");
+    }
+
+    /// Many threads, a frozen clock, many keys each hit far past its burst:
+    /// every key admits exactly its burst, and the CAS loop really raced.
+    #[test]
+    fn stress_exact_burst_under_contention() {
+        const THREADS: usize = 4;
+        const KEYS: u64 = 2_000;
+        const BURST: u64 = 50;
+        let clock = ManualClock::new();
+        let limiter = Arc::new(
+            KeyedLimiter::builder(Quota::per_hour(1).unwrap().burst(BURST).unwrap())
+                .clock(clock)
+                .build(),
+        );
+        let before = crate::cell::CAS_RETRIES.load(std::sync::atomic::Ordering::Relaxed);
+        let admitted: Vec<Vec<u64>> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    let limiter = &limiter;
+                    s.spawn(move || {
+                        let mut admitted = vec![0u64; KEYS as usize];
+                        // Every thread walks the keys in the same order, so
+                        // they meet on the same cells (and on the same
+                        // inserts and migrations).
+                        for _ in 0..BURST * 2 {
+                            for key in 0..KEYS {
+                                if limiter.check(&key).is_allowed() {
+                                    admitted[key as usize] += 1;
+                                }
+                            }
+                        }
+                        admitted
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        for key in 0..KEYS as usize {
+            let total: u64 = admitted.iter().map(|a| a[key]).sum();
+            assert_eq!(total, BURST, "key {key}");
+        }
+        assert_eq!(limiter.len(), KEYS as usize);
+        let retries = crate::cell::CAS_RETRIES.load(std::sync::atomic::Ordering::Relaxed) - before;
+        assert!(retries > 0, "the threads never collided on a cell");
+    }
+}

@@ -1,0 +1,645 @@
+//! The unsafe core of the keyed map: an open-addressed table of pointers to
+//! nodes that never move, grown (and shrunk) by cooperative, incremental
+//! migration, on `crossbeam-epoch`.
+//!
+//! # Why this design
+//!
+//! A bucket's cell must never be copied, or an update made on the old copy
+//! is lost. So cells live in heap nodes that never move, and a table holds
+//! only pointers: growth copies pointers, and an update that found the node
+//! through the old table lands on the same cell as everyone else's.
+//! Split-ordered lists would also keep nodes in place, but every lookup
+//! would chase a bucket sentinel and then list nodes; a linear-probing table
+//! of pointers finds a key in one slot load and one node load in the common
+//! case (load factor at most 1/2).
+//!
+//! # Slots
+//!
+//! A slot is an `Atomic<Node>`; its tag says where the slot is in its life,
+//! and a slot only moves forward through it:
+//!
+//! ```text
+//! null, LIVE    EMPTY         ──insert──▶ node, LIVE
+//!                             ──migrate─▶ null, FROZEN   (never filled again)
+//! node, LIVE    in use        ──migrate─▶ node, FROZEN ──▶ node, COPIED  (now also in `next`)
+//!                                                     └──▶ node, DROPPED (unlinked; freed by the epoch)
+//! ```
+//!
+//! Invariant (probe chains): a slot never becomes EMPTY again, and inserts
+//! only fill the first EMPTY slot of a key's probe sequence. So if a probe
+//! from a key's home reaches a null slot without meeting the key, the key is
+//! not in this table.
+//!
+//! # Nodes die once
+//!
+//! A node whose cell holds [`TOMBSTONE`] is dead: no update lands on it
+//! again (the cell refuses), lookups pass over it, and an insert of its key
+//! makes a new node further along the chain. Dead nodes stay in their slot
+//! until the next migration, which does not copy them and hands them to the
+//! epoch (`defer_destroy`) instead. That is the only place a node is freed
+//! while the map is shared, so nothing is freed twice and no live table
+//! points at freed memory.
+//!
+//! # Migration
+//!
+//! When a table is half full (or a quarter of it is dead), a successor sized
+//! for the live keys is installed in `next`. From then on new keys go to the
+//! successor, and callers copy the old table a chunk at a time: each chunk
+//! is claimed by one thread (a `fetch_add` on a cursor), and for each slot
+//! the claimer freezes it, decides (dead or idle: drop; otherwise copy the
+//! pointer), and marks it. Readers are never blocked: a frozen or copied
+//! slot still points at the node, whose cell is the one true state. The
+//! thread that finishes the last chunk swings the root to the successor and
+//! retires the old table through the epoch. A successor migrates only after
+//! it has become the root, so there are at most two tables at a time.
+
+use std::borrow::Borrow;
+use std::hash::Hash;
+
+use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
+
+use crate::algorithm::TOMBSTONE;
+use crate::cell::Cell;
+use crate::sync::{AtomicUsize, Ordering};
+
+/// Slot tags (see the module docs).
+const LIVE: usize = 0;
+const FROZEN: usize = 1;
+const COPIED: usize = 2;
+const DROPPED: usize = 3;
+
+/// The smallest table. Small in loom models so that growth happens after a
+/// couple of inserts.
+#[cfg(not(turnstile_loom))]
+pub(crate) const MIN_CAPACITY: usize = 16;
+#[cfg(turnstile_loom)]
+pub(crate) const MIN_CAPACITY: usize = 2;
+
+/// Slots a caller copies per migration step: small enough to keep one
+/// insert's extra latency to a few microseconds, large enough that a table
+/// of a million slots is copied after ~16k steps.
+pub const MIGRATION_CHUNK: usize = 64;
+
+/// One key's bucket. Never moves while the map is shared.
+#[derive(Debug)]
+pub(crate) struct Node<K> {
+    pub(crate) hash: u64,
+    pub(crate) cell: Cell,
+    pub(crate) key: K,
+}
+
+// Slot tags need two low bits of every node pointer.
+const _: () = assert!(std::mem::align_of::<Node<u8>>() >= 4);
+
+struct Table<K> {
+    slots: Box<[Atomic<Node<K>>]>,
+    mask: usize,
+    /// The successor while this table is being migrated.
+    next: Atomic<Table<K>>,
+    /// Slots ever filled (live, dead or copied in). Never decreases.
+    occupied: AtomicUsize,
+    /// Migration cursor: slots `[0, claimed)` have been handed out.
+    claimed: AtomicUsize,
+    /// Slots whose migration is finished.
+    migrated: AtomicUsize,
+    /// Eviction sweep cursor (wraps).
+    sweep: AtomicUsize,
+}
+
+impl<K> Table<K> {
+    fn new(capacity: usize) -> Self {
+        debug_assert!(capacity.is_power_of_two());
+        Table {
+            slots: (0..capacity).map(|_| Atomic::null()).collect(),
+            mask: capacity - 1,
+            next: Atomic::null(),
+            occupied: AtomicUsize::new(0),
+            claimed: AtomicUsize::new(0),
+            migrated: AtomicUsize::new(0),
+            sweep: AtomicUsize::new(0),
+        }
+    }
+
+    fn capacity(&self) -> usize {
+        self.mask + 1
+    }
+
+    /// Direct inserts stop at half full: probe chains stay short.
+    fn is_full(&self) -> bool {
+        self.occupied.load(Ordering::Relaxed) >= self.capacity() / 2
+    }
+}
+
+/// The capacity for a table that will hold `live` keys: at most a third
+/// full right after the migration, so it takes many inserts to fill again.
+fn capacity_for(live: usize) -> usize {
+    live.saturating_mul(3)
+        .max(MIN_CAPACITY)
+        .checked_next_power_of_two()
+        .unwrap_or(1 << (usize::BITS - 2))
+}
+
+/// What a caller wants done with idle cells met during a migration or a sweep.
+pub(crate) trait Idle {
+    /// Whether `state` may be forgotten without changing any decision.
+    fn is_idle(&self, state: u64) -> bool;
+}
+
+impl<F: Fn(u64) -> bool> Idle for F {
+    fn is_idle(&self, state: u64) -> bool {
+        self(state)
+    }
+}
+
+/// The map's shared state. All methods take a `Guard` pinned on `collector`
+/// (the safe front, `super::Map`, makes sure of that).
+pub(crate) struct RawMap<K> {
+    root: Atomic<Table<K>>,
+    /// Live (not dead) nodes in all tables.
+    len: AtomicUsize,
+}
+
+impl<K> RawMap<K> {
+    pub(crate) fn new() -> Self {
+        RawMap {
+            root: Atomic::new(Table::new(MIN_CAPACITY)),
+            len: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Reserves room for one more live key if fewer than `max` are live.
+    pub(crate) fn try_reserve(&self, max: usize) -> bool {
+        self.len
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives back a reservation that was not used.
+    pub(crate) fn unreserve(&self) {
+        self.len.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Slots in the current root table (for tests and memory accounting).
+    pub(crate) fn capacity(&self, guard: &Guard) -> usize {
+        // SAFETY: the root is never null and is retired only through the
+        // epoch, which `guard` holds off.
+        unsafe { self.root.load(Ordering::Acquire, guard).deref() }.capacity()
+    }
+}
+
+impl<K: Hash + Eq> RawMap<K> {
+    /// The live node for `key`, if any.
+    pub(crate) fn find<'g, Q>(&self, hash: u64, key: &Q, guard: &'g Guard) -> Option<&'g Node<K>>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Eq,
+    {
+        let mut table = self.root.load(Ordering::Acquire, guard);
+        loop {
+            // SAFETY: tables are reached from the root or a `next` pointer
+            // and retired only through the epoch, which `guard` holds off.
+            let t = unsafe { table.deref() };
+            let mut index = hash as usize & t.mask;
+            for _ in 0..t.capacity() {
+                let slot = t.slots[index].load(Ordering::Acquire, guard);
+                if slot.is_null() {
+                    break;
+                }
+                if let Some(node) = Self::live_match(slot, hash, key) {
+                    return Some(node);
+                }
+                index = (index + 1) & t.mask;
+            }
+            // Not in this table: a key inserted during a migration may be in
+            // the successor.
+            table = t.next.load(Ordering::Acquire, guard);
+            if table.is_null() {
+                return None;
+            }
+        }
+    }
+
+    /// The node behind `slot` if it holds `key` and is alive.
+    #[inline]
+    fn live_match<'g, Q>(slot: Shared<'g, Node<K>>, hash: u64, key: &Q) -> Option<&'g Node<K>>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Eq,
+    {
+        if slot.tag() == DROPPED {
+            return None;
+        }
+        // SAFETY: a non-null slot that is not DROPPED points at a node that
+        // has not been handed to the epoch yet (only the DROPPED transition
+        // does that), and `guard` (the lifetime 'g) holds off its reclamation.
+        let node = unsafe { slot.deref() };
+        (node.hash == hash && node.key.borrow() == key && node.cell.load() != TOMBSTONE)
+            .then_some(node)
+    }
+
+    /// The live node for `key`, inserting `make()` (state 0) if there is
+    /// none. Returns the node and whether it was inserted by this call.
+    pub(crate) fn insert<'g, Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+        make: impl FnOnce() -> K,
+        idle: &impl Idle,
+        guard: &'g Guard,
+    ) -> (&'g Node<K>, bool)
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Eq,
+    {
+        let mut make = Some(make);
+        let mut fresh: Option<Owned<Node<K>>> = None;
+        let mut table = self.root.load(Ordering::Acquire, guard);
+        'tables: loop {
+            // SAFETY: as in `find`.
+            let t = unsafe { table.deref() };
+            let mut index = hash as usize & t.mask;
+            let mut probed = 0;
+            while probed < t.capacity() {
+                let slot = t.slots[index].load(Ordering::Acquire, guard);
+                if !slot.is_null() {
+                    if let Some(node) = Self::live_match(slot, hash, key) {
+                        return (node, false);
+                    }
+                    index = (index + 1) & t.mask;
+                    probed += 1;
+                    continue;
+                }
+                // The key is not in this table. Insert here only if this
+                // table is not being migrated and has room.
+                let next = t.next.load(Ordering::Acquire, guard);
+                if slot.tag() != LIVE || !next.is_null() || t.is_full() {
+                    table = self.successor(table, idle, guard);
+                    continue 'tables;
+                }
+                let node = fresh.take().unwrap_or_else(|| {
+                    let key = make.take().map(|make| make());
+                    Owned::new(Node {
+                        hash,
+                        cell: Cell::new(0),
+                        key: key.expect("a fresh node is made at most once"),
+                    })
+                });
+                // Release: publishes the node's fields to whoever loads the
+                // slot with Acquire. Acquire on failure: we may deref what won.
+                match t.slots[index].compare_exchange(
+                    Shared::null(),
+                    node,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                    guard,
+                ) {
+                    Ok(inserted) => {
+                        t.occupied.fetch_add(1, Ordering::Relaxed);
+                        // SAFETY: we just published it; it is freed only
+                        // after a migration drops it, which `guard` outlives.
+                        return (unsafe { inserted.deref() }, true);
+                    }
+                    // Someone filled or froze the slot first: look at it again.
+                    Err(lost) => fresh = Some(lost.new),
+                }
+            }
+            table = self.successor(table, idle, guard);
+        }
+    }
+
+    /// The table to go on to from `table`, where a key is absent and cannot
+    /// be inserted: its successor, created if needed. Helps the migration
+    /// along, so that inserting can never outrun copying.
+    fn successor<'g>(
+        &self,
+        table: Shared<'g, Table<K>>,
+        idle: &impl Idle,
+        guard: &'g Guard,
+    ) -> Shared<'g, Table<K>> {
+        loop {
+            // SAFETY: as in `find`.
+            let t = unsafe { table.deref() };
+            let next = t.next.load(Ordering::Acquire, guard);
+            if !next.is_null() {
+                let _ = self.migrate_chunk(table, next, idle, guard);
+                return next;
+            }
+            let root = self.root.load(Ordering::Acquire, guard);
+            if root != table {
+                // `table` is the successor of a migration still under way:
+                // finish that first, so there are never three tables.
+                // SAFETY: as in `find`.
+                let r = unsafe { root.deref() };
+                let r_next = r.next.load(Ordering::Acquire, guard);
+                if r_next.is_null() {
+                    // The root moved on past `table` already; start over there.
+                    return root;
+                }
+                let _ = self.migrate_chunk(root, r_next, idle, guard);
+                continue;
+            }
+            return self.start_migration(table, guard);
+        }
+    }
+
+    /// Installs a successor for the root `table`, sized for the live keys.
+    fn start_migration<'g>(
+        &self,
+        table: Shared<'g, Table<K>>,
+        guard: &'g Guard,
+    ) -> Shared<'g, Table<K>> {
+        // SAFETY: as in `find`.
+        let t = unsafe { table.deref() };
+        let next = Owned::new(Table::new(capacity_for(self.len())));
+        // AcqRel: publishes the new table's fields; Acquire on failure to
+        // read the winner's.
+        match t.next.compare_exchange(
+            Shared::null(),
+            next,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+            guard,
+        ) {
+            Ok(next) => next,
+            Err(lost) => lost.current,
+        }
+    }
+
+    /// Starts a migration of the root if a quarter of it is dead weight
+    /// (dead nodes) or it is four times larger than the live keys need, so
+    /// memory follows the live keys down as well as up.
+    pub(crate) fn compact_if_sparse(&self, guard: &Guard) {
+        let root = self.root.load(Ordering::Acquire, guard);
+        // SAFETY: as in `find`.
+        let t = unsafe { root.deref() };
+        let live = self.len();
+        let dead = t.occupied.load(Ordering::Relaxed).saturating_sub(live);
+        let oversized = capacity_for(live) <= t.capacity() / 4;
+        if t.capacity() > MIN_CAPACITY
+            && (dead >= t.capacity() / 4 || oversized)
+            && t.next.load(Ordering::Acquire, guard).is_null()
+        {
+            self.start_migration(root, guard);
+        }
+    }
+
+    /// Copies up to `chunks` chunks of a migration under way, if there is
+    /// one, and returns how many idle keys it evicted on the way; `None` when
+    /// no migration was under way.
+    pub(crate) fn help_migrate(
+        &self,
+        chunks: usize,
+        idle: &impl Idle,
+        guard: &Guard,
+    ) -> Option<usize> {
+        let root = self.root.load(Ordering::Acquire, guard);
+        // SAFETY: as in `find`.
+        let next = unsafe { root.deref() }.next.load(Ordering::Acquire, guard);
+        if next.is_null() {
+            return None;
+        }
+        let mut evicted = 0;
+        for _ in 0..chunks {
+            match self.migrate_chunk(root, next, idle, guard) {
+                Some(n) => evicted += n,
+                None => break,
+            }
+        }
+        Some(evicted)
+    }
+
+    /// Claims and copies one chunk of `table` into `next`, returning how
+    /// many idle keys it evicted; `None` when nothing was left to claim.
+    fn migrate_chunk(
+        &self,
+        table: Shared<'_, Table<K>>,
+        next: Shared<'_, Table<K>>,
+        idle: &impl Idle,
+        guard: &Guard,
+    ) -> Option<usize> {
+        // SAFETY: as in `find`.
+        let (t, n) = unsafe { (table.deref(), next.deref()) };
+        let start = t.claimed.fetch_add(MIGRATION_CHUNK, Ordering::Relaxed);
+        if start >= t.capacity() {
+            return None;
+        }
+        let end = (start + MIGRATION_CHUNK).min(t.capacity());
+        let evicted = (start..end)
+            .filter(|&index| self.migrate_slot(&t.slots[index], n, idle, guard))
+            .count();
+        // AcqRel: the finisher must see every other chunk's copies before it
+        // retires the table.
+        let migrated = t.migrated.fetch_add(end - start, Ordering::AcqRel) + (end - start);
+        if migrated == t.capacity() {
+            // Every slot is frozen and its node copied or dropped: the
+            // successor holds every live node. Release: publishes it.
+            let swung =
+                self.root
+                    .compare_exchange(table, next, Ordering::AcqRel, Ordering::Acquire, guard);
+            debug_assert!(swung.is_ok(), "only the root is ever migrated");
+            // SAFETY: the table is unreachable from the root now; threads
+            // that loaded it earlier are pinned, and the epoch frees it only
+            // after they unpin. Its nodes are not freed with it (dropping a
+            // `Table` drops only its array of pointers).
+            unsafe { guard.defer_destroy(table) };
+        }
+        Some(evicted)
+    }
+
+    /// Freezes one slot and moves its node on (this thread owns the slot's
+    /// migration: it claimed the chunk). Returns whether it evicted an idle key.
+    fn migrate_slot(
+        &self,
+        slot: &Atomic<Node<K>>,
+        next: &Table<K>,
+        idle: &impl Idle,
+        guard: &Guard,
+    ) -> bool {
+        // Freeze: after this no insert can fill the slot. Only inserts race
+        // with us here (they fill EMPTY slots), so retry until it sticks.
+        let frozen = loop {
+            let current = slot.load(Ordering::Acquire, guard);
+            debug_assert_eq!(current.tag(), LIVE, "a slot is migrated once");
+            match slot.compare_exchange(
+                current,
+                current.with_tag(FROZEN),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+                guard,
+            ) {
+                Ok(frozen) => break frozen,
+                Err(_) => continue,
+            }
+        };
+        if frozen.is_null() {
+            return false;
+        }
+        // SAFETY: the slot is FROZEN, not DROPPED, so the node has not been
+        // handed to the epoch; `guard` holds off reclamation in any case.
+        let node = unsafe { frozen.deref() };
+        let evicted = self.claim_if_idle(node, idle);
+        if evicted || node.cell.load() == TOMBSTONE {
+            // Dead: unlink it from this table (readers skip DROPPED slots and
+            // it was never copied), then let the epoch free it.
+            slot.store(frozen.with_tag(DROPPED), Ordering::Release);
+            // SAFETY: the node is reachable only through this slot, which no
+            // longer yields it; threads that loaded it earlier are pinned.
+            unsafe { guard.defer_destroy(frozen.with_tag(LIVE)) };
+        } else {
+            next.place(frozen.with_tag(LIVE), node.hash, guard);
+            slot.store(frozen.with_tag(COPIED), Ordering::Release);
+        }
+        evicted
+    }
+
+    /// Tombstones `node` if its state is idle; counts it out of `len`.
+    fn claim_if_idle(&self, node: &Node<K>, idle: &impl Idle) -> bool {
+        let claimed = node.cell.try_claim(|state| idle.is_idle(state));
+        if claimed {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+        claimed
+    }
+
+    /// Sweeps up to `budget` slots of the root for idle cells and tombstones
+    /// them (their slots are reclaimed by the next migration). Returns how
+    /// many it evicted.
+    pub(crate) fn sweep(&self, budget: usize, idle: &impl Idle, guard: &Guard) -> usize {
+        let root = self.root.load(Ordering::Acquire, guard);
+        // SAFETY: as in `find`.
+        let t = unsafe { root.deref() };
+        let start = t.sweep.fetch_add(budget, Ordering::Relaxed);
+        let mut evicted = 0;
+        for offset in 0..budget.min(t.capacity()) {
+            let slot = t.slots[(start + offset) & t.mask].load(Ordering::Acquire, guard);
+            if slot.is_null() || slot.tag() == DROPPED {
+                continue;
+            }
+            // SAFETY: as in `live_match`.
+            let node = unsafe { slot.deref() };
+            if self.claim_if_idle(node, idle) {
+                evicted += 1;
+            }
+        }
+        evicted
+    }
+
+    /// Tombstones the live node with the smallest state (for GCRA, the
+    /// bucket closest to full) among the first `sample` live nodes found
+    /// from `hash` on, making room for one more key. At least two
+    /// candidates are compared whenever the table holds two, so a busy
+    /// key is never chosen merely for being alone in its neighbourhood.
+    /// Returns false if no live node was found to evict.
+    pub(crate) fn evict_one_near(&self, hash: u64, sample: usize, guard: &Guard) -> bool {
+        let root = self.root.load(Ordering::Acquire, guard);
+        // SAFETY: as in `find`.
+        let t = unsafe { root.deref() };
+        let start = hash as usize;
+        let mut best: Option<(&Node<K>, u64)> = None;
+        let mut seen = 0;
+        for offset in 0..t.capacity() {
+            let slot = t.slots[(start + offset) & t.mask].load(Ordering::Acquire, guard);
+            if slot.is_null() || slot.tag() == DROPPED {
+                continue;
+            }
+            // SAFETY: as in `live_match`.
+            let node = unsafe { slot.deref() };
+            let state = node.cell.load();
+            if state == TOMBSTONE {
+                continue;
+            }
+            seen += 1;
+            if best.is_none_or(|(_, s)| state < s) {
+                best = Some((node, state));
+            }
+            if seen >= sample.max(2) {
+                break;
+            }
+        }
+        // Lost to an update or another evictor: the caller samples again.
+        let claimed = best.is_some_and(|(node, state)| node.cell.try_claim(|now| now == state));
+        if claimed {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+        claimed
+    }
+}
+
+impl<K> Table<K> {
+    /// Puts an existing live node into this (not yet migrating) table.
+    fn place(&self, node: Shared<'_, Node<K>>, hash: u64, guard: &Guard) {
+        let mut index = hash as usize & self.mask;
+        loop {
+            let slot = self.slots[index].load(Ordering::Acquire, guard);
+            if slot.is_null() {
+                // Release: readers of the slot see the node's fields (they
+                // were published when the node was first inserted, and this
+                // thread acquired them when it loaded the old slot).
+                if self.slots[index]
+                    .compare_exchange(slot, node, Ordering::AcqRel, Ordering::Acquire, guard)
+                    .is_ok()
+                {
+                    self.occupied.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                continue;
+            }
+            index = (index + 1) & self.mask;
+        }
+    }
+}
+
+impl<K> std::fmt::Debug for RawMap<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let guard = crossbeam_epoch::pin();
+        let mut tables = Vec::new();
+        let mut table = self.root.load(Ordering::Acquire, &guard);
+        while !table.is_null() {
+            // SAFETY: debug only
+            let t = unsafe { table.deref() };
+            tables.push((
+                t.capacity(),
+                t.occupied.load(Ordering::Relaxed),
+                t.claimed.load(Ordering::Relaxed),
+                t.migrated.load(Ordering::Relaxed),
+            ));
+            table = t.next.load(Ordering::Acquire, &guard);
+        }
+        f.debug_struct("RawMap")
+            .field("len", &self.len())
+            .field("tables", &tables)
+            .finish()
+    }
+}
+
+impl<K> Drop for RawMap<K> {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self`: no other thread can reach this map, so nothing
+        // needs protecting. Each node is freed exactly once: nodes of the
+        // root that were COPIED are freed through the successor, DROPPED ones
+        // were already handed to the epoch, and the successor holds only
+        // LIVE slots (it is not migrating).
+        unsafe {
+            let guard = crossbeam_epoch::unprotected();
+            let mut table = self.root.load(Ordering::Relaxed, guard);
+            while !table.is_null() {
+                let t = table.deref();
+                for slot in t.slots.iter() {
+                    let node = slot.load(Ordering::Relaxed, guard);
+                    if !node.is_null() && matches!(node.tag(), LIVE | FROZEN) {
+                        drop(node.with_tag(LIVE).into_owned());
+                    }
+                }
+                let next = t.next.load(Ordering::Relaxed, guard);
+                drop(table.into_owned());
+                table = next;
+            }
+        }
+    }
+}
