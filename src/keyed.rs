@@ -573,41 +573,50 @@ mod tests {
         const THREADS: usize = 4;
         const KEYS: u64 = 2_000;
         const BURST: u64 = 50;
-        let clock = ManualClock::new();
-        let limiter = Arc::new(
-            KeyedLimiter::builder(Quota::per_hour(1).unwrap().burst(BURST).unwrap())
-                .clock(clock)
-                .build(),
-        );
-        let before = crate::cell::CAS_RETRIES.load(std::sync::atomic::Ordering::Relaxed);
-        let admitted: Vec<Vec<u64>> = std::thread::scope(|s| {
-            let workers: Vec<_> = (0..THREADS)
-                .map(|_| {
-                    let limiter = &limiter;
-                    s.spawn(move || {
-                        let mut admitted = vec![0u64; KEYS as usize];
-                        // Every thread walks the keys in the same order, so
-                        // they meet on the same cells (and on the same
-                        // inserts and migrations).
-                        for _ in 0..BURST * 2 {
-                            for key in 0..KEYS {
-                                if limiter.check(&key).is_allowed() {
-                                    admitted[key as usize] += 1;
+        let retries = || crate::cell::CAS_RETRIES.load(std::sync::atomic::Ordering::Relaxed);
+        let before = retries();
+        // Collisions need two threads on one cell at once, which the OS
+        // scheduler decides; rounds repeat (each one exact) until one raced.
+        for round in 0.. {
+            let limiter = KeyedLimiter::builder(Quota::per_hour(1).unwrap().burst(BURST).unwrap())
+                .clock(ManualClock::new())
+                .build();
+            let start = std::sync::Barrier::new(THREADS);
+            let admitted: Vec<Vec<u64>> = std::thread::scope(|s| {
+                let workers: Vec<_> = (0..THREADS)
+                    .map(|_| {
+                        let (limiter, start) = (&limiter, &start);
+                        s.spawn(move || {
+                            let mut admitted = vec![0u64; KEYS as usize];
+                            start.wait();
+                            // Every thread walks the keys in the same order,
+                            // so they meet on the same cells (and on the
+                            // same inserts and migrations).
+                            for _ in 0..BURST * 2 {
+                                for key in 0..KEYS {
+                                    if limiter.check(&key).is_allowed() {
+                                        admitted[key as usize] += 1;
+                                    }
                                 }
                             }
-                        }
-                        admitted
+                            admitted
+                        })
                     })
-                })
-                .collect();
-            workers.into_iter().map(|w| w.join().unwrap()).collect()
-        });
-        for key in 0..KEYS as usize {
-            let total: u64 = admitted.iter().map(|a| a[key]).sum();
-            assert_eq!(total, BURST, "key {key}");
+                    .collect();
+                workers.into_iter().map(|w| w.join().unwrap()).collect()
+            });
+            for key in 0..KEYS as usize {
+                let total: u64 = admitted.iter().map(|a| a[key]).sum();
+                assert_eq!(total, BURST, "key {key} in round {round}");
+            }
+            assert_eq!(limiter.len(), KEYS as usize);
+            if retries() > before {
+                break;
+            }
+            assert!(
+                round < 50,
+                "50 rounds and the threads never collided on a cell"
+            );
         }
-        assert_eq!(limiter.len(), KEYS as usize);
-        let retries = crate::cell::CAS_RETRIES.load(std::sync::atomic::Ordering::Relaxed) - before;
-        assert!(retries > 0, "the threads never collided on a cell");
     }
 }
