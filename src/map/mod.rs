@@ -30,8 +30,7 @@ impl<K> Map<K> {
     pub(crate) fn new() -> Self {
         Map {
             raw: RawMap::new(),
-            // Random per-map keys: an attacker cannot aim keys at one chain.
-            hasher: ahash::RandomState::new(),
+            hasher: new_hasher(),
             collector: Collector::new(),
         }
     }
@@ -54,6 +53,19 @@ impl<K> Map<K> {
     pub(crate) fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
         self.hasher.hash_one(key)
     }
+}
+
+/// Random per-map keys: an attacker cannot aim keys at one probe chain.
+#[cfg(not(turnstile_loom))]
+fn new_hasher() -> ahash::RandomState {
+    ahash::RandomState::new()
+}
+
+/// loom replays each execution and needs every run to take the same path:
+/// fixed keys.
+#[cfg(turnstile_loom)]
+fn new_hasher() -> ahash::RandomState {
+    ahash::RandomState::with_seeds(1, 2, 3, 4)
 }
 
 impl<K> fmt::Debug for Map<K> {

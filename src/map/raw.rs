@@ -20,7 +20,9 @@
 //!
 //! ```text
 //! null, LIVE    EMPTY         ──insert──▶ node, LIVE
-//!                             ──migrate─▶ null, FROZEN   (never filled again)
+//!                             ──migrate─▶ null, FROZEN   (never filled again; an
+//!                                                         insert that moves on to
+//!                                                         the successor freezes it too)
 //! node, LIVE    in use        ──migrate─▶ node, FROZEN ──▶ node, COPIED  (now also in `next`)
 //!                                                     └──▶ node, DROPPED (unlinked; freed by the epoch)
 //! ```
@@ -74,6 +76,13 @@ const DROPPED: usize = 3;
 pub(crate) const MIN_CAPACITY: usize = 16;
 #[cfg(turnstile_loom)]
 pub(crate) const MIN_CAPACITY: usize = 2;
+
+/// Room a new table keeps beyond the live keys for nodes inserted into the
+/// old table while the migration starts (at most one per racing thread).
+#[cfg(not(turnstile_loom))]
+const HEADROOM: usize = 16;
+#[cfg(turnstile_loom)]
+const HEADROOM: usize = 2;
 
 /// Slots a caller copies per migration step: small enough to keep one
 /// insert's extra latency to a few microseconds, large enough that a table
@@ -277,10 +286,30 @@ impl<K: Hash + Eq> RawMap<K> {
                 }
                 // The key is not in this table. Insert here only if this
                 // table is not being migrated and has room.
-                let next = t.next.load(Ordering::Acquire, guard);
-                if slot.tag() != LIVE || !next.is_null() || t.is_full() {
+                if slot.tag() != LIVE {
                     table = self.successor(table, idle, guard);
                     continue 'tables;
+                }
+                if !t.next.load(Ordering::Acquire, guard).is_null() || t.is_full() {
+                    // Going on to the successor: first make sure no one
+                    // fills this slot with our key behind our back (a thread
+                    // that saw the table with room a moment ago). Freeze it;
+                    // if that fails, someone filled it: look at it again.
+                    let next = self.successor(table, idle, guard);
+                    if t.slots[index]
+                        .compare_exchange(
+                            slot,
+                            slot.with_tag(FROZEN),
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                            guard,
+                        )
+                        .is_ok()
+                    {
+                        table = next;
+                        continue 'tables;
+                    }
+                    continue;
                 }
                 let node = fresh.take().unwrap_or_else(|| {
                     let key = make.take().map(|make| make());
@@ -341,7 +370,10 @@ impl<K: Hash + Eq> RawMap<K> {
                     // The root moved on past `table` already; start over there.
                     return root;
                 }
-                let _ = self.migrate_chunk(root, r_next, idle, guard);
+                if self.migrate_chunk(root, r_next, idle, guard).is_none() {
+                    // Every chunk is claimed; wait for their claimers.
+                    crate::sync::yield_now();
+                }
                 continue;
             }
             return self.start_migration(table, guard);
@@ -356,7 +388,7 @@ impl<K: Hash + Eq> RawMap<K> {
     ) -> Shared<'g, Table<K>> {
         // SAFETY: as in `find`.
         let t = unsafe { table.deref() };
-        let next = Owned::new(Table::new(capacity_for(self.len())));
+        let next = Owned::new(Table::new(capacity_for(self.len() + HEADROOM)));
         // AcqRel: publishes the new table's fields; Acquire on failure to
         // read the winner's.
         match t.next.compare_exchange(
@@ -465,7 +497,12 @@ impl<K: Hash + Eq> RawMap<K> {
         // with us here (they fill EMPTY slots), so retry until it sticks.
         let frozen = loop {
             let current = slot.load(Ordering::Acquire, guard);
-            debug_assert_eq!(current.tag(), LIVE, "a slot is migrated once");
+            if current.tag() != LIVE {
+                // Only an inserter that moved on to the successor freezes a
+                // slot ahead of us, and only an empty one.
+                debug_assert!(current.is_null() && current.tag() == FROZEN);
+                return false;
+            }
             match slot.compare_exchange(
                 current,
                 current.with_tag(FROZEN),
