@@ -1,2 +1,0 @@
-//! Criterion benches (placeholder).
-fn main() {}

@@ -1,0 +1,21 @@
+//! turnstile's benchmarks: one criterion entry, one submodule per subject
+//! (`direct` now; `keyed`, `redis` and the peers' crates as they land), each
+//! putting turnstile and its peers in one group so the ratios come from one
+//! run on one machine.
+//!
+//! ```text
+//! cargo bench --bench turnstile                       # everything
+//! cargo bench --bench turnstile -- direct             # one group
+//! cargo bench --bench turnstile -- --warm-up-time 1 --measurement-time 3
+//! ```
+//!
+//! Cargo finds this entry as `benches/turnstile/main.rs` (the layout for a
+//! bench with modules), so the submodules are not taken for benches of
+//! their own, as `benches/direct.rs` would be.
+
+use criterion::{criterion_group, criterion_main};
+
+mod direct;
+
+criterion_group!(benches, direct::bench);
+criterion_main!(benches);
