@@ -76,7 +76,9 @@ impl Algorithm for Gcra {
             },
             sum => {
                 let retry = match sum {
-                    Some(next) if next - now > tau => next - now - tau,
+                    // A TAT that would land on the tombstone can never be
+                    // recorded, so waiting would not help either.
+                    Some(next) if next - now > tau && next != TOMBSTONE => next - now - tau,
                     // The new TAT cannot be recorded: the end of the clock.
                     _ => u64::MAX,
                 };

@@ -620,32 +620,3 @@ mod tests {
         }
     }
 }
-
-#[cfg(all(test, not(turnstile_loom)))]
-mod race_repro {
-    use super::*;
-    use crate::ManualClock;
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    #[test]
-    fn reader_vs_evict_many_times() {
-        for _ in 0..20_000 {
-            let clock = ManualClock::new();
-            let limiter: Arc<KeyedLimiter<u64, ManualClock>> = Arc::new(
-                KeyedLimiter::builder(Quota::per_hour(1).unwrap().burst(2).unwrap())
-                    .clock(clock.clone())
-                    .build(),
-            );
-            assert!(limiter.check(&1).is_allowed());
-            clock.set(Duration::from_secs(3600));
-            let other = limiter.clone();
-            let reader = std::thread::spawn(move || other.check(&1).is_allowed());
-            limiter.evict_idle();
-            assert!(limiter.check(&2).is_allowed());
-            limiter.evict_idle();
-            assert!(reader.join().unwrap());
-            assert_eq!(limiter.check(&1).remaining(), 0);
-        }
-    }
-}

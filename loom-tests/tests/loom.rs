@@ -42,7 +42,11 @@ fn quota(burst: u64) -> Quota {
 }
 
 fn keyed(burst: u64, clock: &ManualClock) -> Arc<KeyedLimiter<u64, ManualClock>> {
-    Arc::new(KeyedLimiter::builder(quota(burst)).clock(clock.clone()).build())
+    Arc::new(
+        KeyedLimiter::builder(quota(burst))
+            .clock(clock.clone())
+            .build(),
+    )
 }
 
 /// (a) Two updaters on one cell with one token left: exactly one passes.
