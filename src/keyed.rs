@@ -389,7 +389,6 @@ impl<K, C: fmt::Debug, A: fmt::Debug> fmt::Debug for KeyedLimiterBuilder<K, C, A
 mod tests {
     use super::*;
     use crate::ManualClock;
-    use std::sync::Arc;
     use std::time::Duration;
 
     fn limiter<K: Hash + Eq + Send + Sync + 'static>(

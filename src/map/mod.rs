@@ -146,7 +146,11 @@ impl<K: Hash + Eq> Pinned<'_, K> {
         let capacity = self.raw.capacity(&self.guard);
         evicted += self.raw.sweep(capacity, idle, &self.guard);
         self.raw.compact_if_sparse(&self.guard);
-        evicted + self.finish_migration(idle)
+        evicted += self.finish_migration(idle);
+        // Hand this thread's garbage (the dropped nodes, the old table) to
+        // the collector now rather than when its local bag fills.
+        self.guard.flush();
+        evicted
     }
 
     /// Copies until no migration is under way (waiting for chunks other

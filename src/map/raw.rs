@@ -82,7 +82,7 @@ pub(crate) const MIN_CAPACITY: usize = 2;
 #[cfg(not(turnstile_loom))]
 const HEADROOM: usize = 16;
 #[cfg(turnstile_loom)]
-const HEADROOM: usize = 2;
+const HEADROOM: usize = 0;
 
 /// Slots a caller copies per migration step: small enough to keep one
 /// insert's extra latency to a few microseconds, large enough that a table
