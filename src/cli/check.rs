@@ -1,0 +1,225 @@
+//! `turnstile check`: try a quota string on the real clock.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use turnstile::algorithms::{FixedWindow, SlidingLog, SlidingWindow};
+use turnstile::{Decision, DirectLimiter, QuantaClock, Quota};
+
+use super::UsageError;
+
+/// The longest a `check` run may take (requests x interval).
+const MAX_RUN: Duration = Duration::from_secs(600);
+
+/// Flags of `turnstile check`.
+#[derive(Debug, Args)]
+pub(crate) struct CheckArgs {
+    /// The quota to try, in the library's syntax: COUNT/PERIOD [burst B],
+    /// for example "100/min", "10/s burst 20", "3/1.5s".
+    #[arg(long, value_name = "QUOTA")]
+    quota: String,
+    /// How many checks to run.
+    #[arg(long, default_value_t = 10, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    requests: u32,
+    /// Time between two checks: a number and a unit (ns, us, ms, s, min),
+    /// for example 50ms or 1.5s; 0 sends them back to back. The whole run
+    /// may last at most 10 minutes.
+    #[arg(long, default_value = "0", value_name = "DURATION", value_parser = parse_interval)]
+    interval: Duration,
+    /// The algorithm that decides.
+    #[arg(long, value_enum, default_value_t = CheckAlgorithm::Gcra)]
+    algorithm: CheckAlgorithm,
+}
+
+/// The algorithms `check` can run (those that answer with a `Decision`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum CheckAlgorithm {
+    /// GCRA (`DirectLimiter`), the default.
+    Gcra,
+    /// Fixed window (the quota's burst is ignored).
+    FixedWindow,
+    /// Sliding-window counter (the quota's burst is ignored).
+    SlidingWindow,
+    /// Sliding log (the quota's burst is ignored).
+    SlidingLog,
+}
+
+/// Parses `[number] unit`, or a bare `0`, into a duration.
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = (&text[..split], text[split..].trim());
+    let seconds_per_unit = match unit {
+        "ns" => 1e-9,
+        "us" | "µs" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "min" => 60.0,
+        "" => {
+            return Err(format!(
+                "{text:?} has no unit: write one of ns, us, ms, s, min (for example 50ms)"
+            ))
+        }
+        other => {
+            return Err(format!(
+                "unknown unit {other:?}: expected one of ns, us, ms, s, min"
+            ))
+        }
+    };
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("{number:?} is not a number (expected digits, for example 50ms)"))?;
+    let seconds = number * seconds_per_unit;
+    if seconds > MAX_RUN.as_secs_f64() {
+        return Err(format!("an interval of {text} is longer than {MAX_RUN:?}"));
+    }
+    Duration::try_from_secs_f64(seconds).map_err(|e| e.to_string())
+}
+
+/// Runs the checks and prints one line per decision.
+pub(crate) fn run(args: &CheckArgs, out: &mut impl Write) -> Result<(), UsageError> {
+    let quota: Quota = args.quota.parse()?;
+    let run_time = args.interval.saturating_mul(args.requests - 1);
+    if run_time > MAX_RUN {
+        return Err(UsageError(format!(
+            "{} requests {:?} apart would run for {run_time:?}, more than {MAX_RUN:?}",
+            args.requests, args.interval
+        )));
+    }
+    let check: Box<dyn Fn() -> Decision> = match args.algorithm {
+        CheckAlgorithm::Gcra => {
+            let limiter = DirectLimiter::new(quota);
+            Box::new(move || limiter.check())
+        }
+        CheckAlgorithm::FixedWindow => {
+            let limiter =
+                DirectLimiter::from_algorithm(FixedWindow::new(&quota)?, QuantaClock::new());
+            Box::new(move || limiter.check())
+        }
+        CheckAlgorithm::SlidingWindow => {
+            let limiter =
+                DirectLimiter::from_algorithm(SlidingWindow::new(&quota)?, QuantaClock::new());
+            Box::new(move || limiter.check())
+        }
+        CheckAlgorithm::SlidingLog => {
+            let log = SlidingLog::new(quota);
+            Box::new(move || log.check())
+        }
+    };
+    match args.algorithm {
+        CheckAlgorithm::Gcra => writeln!(
+            out,
+            "quota \"{quota}\" (GCRA): burst {}, one token back every {:?}",
+            quota.burst_size(),
+            quota.emission_interval()
+        )?,
+        _ => writeln!(
+            out,
+            "quota \"{quota}\" ({}): {} requests per window of {:?} (burst ignored)",
+            args.algorithm
+                .to_possible_value()
+                .map_or_else(String::new, |v| v.get_name().to_owned()),
+            quota.count(),
+            quota.period()
+        )?,
+    }
+    writeln!(
+        out,
+        "{:>6}  {:>10}  {:<8}  {:>9}  {:>14}  {:>14}",
+        "#", "time", "decision", "remaining", "retry_after", "reset_after"
+    )?;
+    let start = Instant::now();
+    for i in 0..args.requests {
+        let due = start + args.interval.saturating_mul(i);
+        if let Some(wait) = due.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        let decision = check();
+        let at = start.elapsed();
+        writeln!(
+            out,
+            "{:>6}  {:>9.3}s  {:<8}  {:>9}  {:>14}  {:>14}",
+            i + 1,
+            at.as_secs_f64(),
+            if decision.is_allowed() {
+                "allowed"
+            } else {
+                "denied"
+            },
+            decision.remaining(),
+            decision
+                .retry_after()
+                .map_or_else(|| "-".to_owned(), |d| format!("{d:?}")),
+            format!("{:?}", decision.reset_after()),
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals_parse_with_units_and_refuse_nonsense() {
+        assert_eq!(parse_interval("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_interval("50ms"), Ok(Duration::from_millis(50)));
+        assert_eq!(parse_interval("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_interval("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_interval("2min"), Ok(Duration::from_secs(120)));
+        assert!(parse_interval("50").unwrap_err().contains("no unit"));
+        assert!(parse_interval("5 fortnights")
+            .unwrap_err()
+            .contains("fortnights"));
+        assert!(parse_interval("x ms").is_err());
+        assert!(parse_interval("1e99s").is_err());
+        assert!(parse_interval("99999999999min").is_err());
+        assert!(parse_interval("-5ms").is_err());
+    }
+
+    #[test]
+    fn a_bad_quota_is_a_usage_error() {
+        let args = CheckArgs {
+            quota: "0/s".into(),
+            requests: 1,
+            interval: Duration::ZERO,
+            algorithm: CheckAlgorithm::Gcra,
+        };
+        let UsageError(message) = run(&args, &mut Vec::new()).unwrap_err();
+        assert!(message.contains("count is 0"), "{message}");
+    }
+
+    #[test]
+    fn a_quota_the_window_cannot_hold_is_a_usage_error() {
+        let args = CheckArgs {
+            quota: "5/100ms".into(),
+            requests: 1,
+            interval: Duration::ZERO,
+            algorithm: CheckAlgorithm::SlidingWindow,
+        };
+        let UsageError(message) = run(&args, &mut Vec::new()).unwrap_err();
+        assert!(message.contains("sliding window"), "{message}");
+    }
+
+    #[test]
+    fn a_burst_prints_one_line_per_decision() {
+        let args = CheckArgs {
+            quota: "1/min burst 3".into(),
+            requests: 4,
+            interval: Duration::ZERO,
+            algorithm: CheckAlgorithm::Gcra,
+        };
+        let mut out = Vec::new();
+        run(&args, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.matches("allowed").count(), 3, "{text}");
+        assert_eq!(text.matches("denied").count(), 1, "{text}");
+    }
+}

@@ -1,0 +1,117 @@
+//! The command line: flags (clap derive) and dispatch to the three commands.
+//!
+//! Binary-private: `src/lib.rs` does not declare this module, so nothing
+//! here is part of the library's API.
+
+mod check;
+mod latency;
+mod scenarios;
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit status for a usage error (a bad quota, a bad interval), as clap uses.
+const USAGE_ERROR: u8 = 2;
+
+/// turnstile: a lock-free, in-process rate limiter (GCRA in one AtomicU64).
+///
+/// Without a subcommand, prints the seed scenarios table and then the
+/// latency table (the flags below are the `latency` flags).
+#[derive(Debug, Parser)]
+#[command(name = "turnstile", version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    /// What to run; both tables when omitted.
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Latency flags, for the default run.
+    #[command(flatten)]
+    latency: latency::LatencyArgs,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The seed documents' scenarios on a manual clock: admitted / denied
+    /// per algorithm, exact and deterministic.
+    Scenarios,
+    /// Per-check latency (mean, P50, P95, P99, P99.9) of every algorithm,
+    /// on one thread and on all cores, beside the seeds' illustrative figures.
+    Latency(latency::LatencyArgs),
+    /// Tries a quota on the real clock: runs N checks and prints each
+    /// decision (allowed or denied, remaining, retry_after).
+    Check(check::CheckArgs),
+}
+
+/// A failure that the program reports as `error: <message>` and exit status 2.
+///
+/// An empty message is a closed stdout (`turnstile latency | head`): the
+/// reader has what it wanted, so the program stops quietly.
+#[derive(Debug)]
+struct UsageError(String);
+
+impl<E: std::error::Error + 'static> From<E> for UsageError {
+    fn from(error: E) -> Self {
+        let any: &dyn std::any::Any = &error;
+        match any.downcast_ref::<io::Error>() {
+            Some(e) if e.kind() == io::ErrorKind::BrokenPipe => UsageError(String::new()),
+            _ => UsageError(error.to_string()),
+        }
+    }
+}
+
+/// Parses the command line, runs the command, and maps failures to an exit
+/// status: clap's own for bad flags, 2 for bad values, 0 otherwise.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let stdout = io::stdout();
+    let mut out = stdout.lock();
+    let result = match cli.command {
+        None => scenarios::run(&mut out)
+            .and_then(|()| writeln!(out).map_err(UsageError::from))
+            .and_then(|()| latency::run(&cli.latency, &mut out)),
+        Some(Command::Scenarios) => scenarios::run(&mut out),
+        Some(Command::Latency(args)) => latency::run(&args, &mut out),
+        Some(Command::Check(args)) => check::run(&args, &mut out),
+    };
+    let _ = out.flush();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(UsageError(message)) if message.is_empty() => ExitCode::SUCCESS,
+        Err(UsageError(message)) => {
+            eprintln!("error: {message}");
+            ExitCode::from(USAGE_ERROR)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_closed_stdout_stops_quietly_and_other_errors_keep_their_message() {
+        let UsageError(message) = io::Error::from(io::ErrorKind::BrokenPipe).into();
+        assert!(message.is_empty());
+        let UsageError(message) = io::Error::other("disk full").into();
+        assert_eq!(message, "disk full");
+    }
+
+    #[test]
+    fn latency_flags_work_with_and_without_the_subcommand() {
+        let cli = Cli::try_parse_from(["turnstile", "--checks", "5000"]).unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(cli.latency.checks, 5000);
+        let cli = Cli::try_parse_from(["turnstile", "latency", "--threads", "2"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Latency(ref a)) if a.threads == Some(2)));
+        assert!(Cli::try_parse_from(["turnstile", "--checks", "0"]).is_err());
+        assert!(Cli::try_parse_from(["turnstile", "--bogus"]).is_err());
+    }
+}
