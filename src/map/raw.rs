@@ -376,7 +376,10 @@ impl<K: Hash + Eq> RawMap<K> {
                 }
                 continue;
             }
-            return self.start_migration(table, guard);
+            // Whoever starts a migration copies its first chunk.
+            let next = self.start_migration(table, guard);
+            let _ = self.migrate_chunk(table, next, idle, guard);
+            return next;
         }
     }
 
