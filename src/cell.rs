@@ -107,3 +107,42 @@ impl Cell {
         self.state.load(Ordering::Relaxed)
     }
 }
+
+#[cfg(all(test, not(turnstile_loom)))]
+mod tests {
+    use super::*;
+    use crate::Gcra;
+
+    #[test]
+    fn two_threads_share_one_bucket_exactly() {
+        let gcra = Gcra::new(&"1/h burst 50".parse().unwrap());
+        let cell = Cell::new(0);
+        let admitted: usize = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..40)
+                            .filter(|_| cell.update(&gcra, 0, 1).unwrap().is_allowed())
+                            .count()
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        assert_eq!(admitted, 50);
+    }
+
+    #[test]
+    fn a_claimed_cell_refuses_updates() {
+        let gcra = Gcra::new(&"1/s".parse().unwrap());
+        let cell = Cell::new(0);
+        assert!(
+            !cell.try_claim(|state| state != 0),
+            "not claimable: unchanged"
+        );
+        assert!(cell.try_claim(|state| state == 0));
+        assert!(!cell.try_claim(|_| true), "claimed once");
+        assert_eq!(cell.update(&gcra, 0, 1), Err(Tombstoned));
+        assert_eq!(cell.load(), TOMBSTONE);
+    }
+}

@@ -24,6 +24,9 @@
 //!
 //! - [`Quota`]: `"100/min"`, `"10/s burst 20"`, `Quota::per_minute(100)?`.
 //! - [`DirectLimiter`]: one bucket, shared by every caller.
+//! - [`KeyedLimiter`]: one bucket per key, in a lock-free map that bounds
+//!   its memory (`max_keys`) and forgets idle keys by itself; see
+//!   [`keyed`] for what runs when, and its constants.
 //! - [`Decision`]: allowed or denied, `remaining`, `retry_after`,
 //!   `reset_after`, `limit`.
 //! - [`Clock`]: where "now" comes from; [`ManualClock`] for tests.

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Every check turnstile has, in the order a reviewer would want them to fail:
+# formatting, lints, unit/integration/doc tests, loom models, Miri.
+# Installs what a fresh machine lacks (toolchain components only; no system
+# packages are needed yet).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n== %s\n' "$*"; }
+started=$SECONDS
+
+step "toolchain components"
+rustup component add rustfmt clippy >/dev/null
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (all targets, warnings are errors)"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "cargo test (unit, integration, doc tests; optimized, with debug assertions)"
+cargo test --workspace
+
+step "loom models"
+scripts/loom.sh
+
+step "Miri"
+scripts/miri.sh
+
+step "all green in $((SECONDS - started)) s"
