@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every check turnstile has, in the order a reviewer would want them to fail:
-# formatting, lints, unit/integration/doc tests, loom models, Miri.
-# Installs what a fresh machine lacks (toolchain components only; no system
-# packages are needed yet).
+# formatting, lints, unit/integration/doc tests, loom models, Miri, fuzzing.
+# Installs what a fresh machine lacks: toolchain components (rustfmt,
+# clippy, miri, rust-src) and cargo-fuzz; no system packages are needed yet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,5 +26,8 @@ scripts/loom.sh
 
 step "Miri"
 scripts/miri.sh
+
+step "fuzz targets, 20 s each"
+scripts/fuzz.sh
 
 step "all green in $((SECONDS - started)) s"
