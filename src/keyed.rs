@@ -302,7 +302,7 @@ impl<K, C: Clock, A: Algorithm + fmt::Debug> fmt::Debug for KeyedLimiter<K, C, A
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedLimiter")
             .field("algorithm", &self.algorithm)
-            .field("len", &self.map.len())
+            .field("map", &self.map)
             .field("max_keys", &self.max_keys)
             .field("overflow", &self.overflow)
             .finish_non_exhaustive()

@@ -79,7 +79,7 @@ impl<K> fmt::Debug for Map<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Map")
             .field("len", &self.len())
-            .field("raw", &self.raw)
+            .field("capacity", &self.pin().capacity())
             .finish_non_exhaustive()
     }
 }
@@ -89,6 +89,13 @@ impl<K> fmt::Debug for Map<K> {
 pub(crate) struct Pinned<'m, K> {
     raw: &'m RawMap<K>,
     guard: Guard,
+}
+
+impl<K> Pinned<'_, K> {
+    /// Slots in the current table.
+    pub(crate) fn capacity(&self) -> usize {
+        self.raw.capacity(&self.guard)
+    }
 }
 
 impl<K: Hash + Eq> Pinned<'_, K> {
@@ -176,11 +183,6 @@ impl<K: Hash + Eq> Pinned<'_, K> {
             crate::sync::yield_now();
         }
         evicted
-    }
-
-    /// Slots in the current table.
-    pub(crate) fn capacity(&self) -> usize {
-        self.raw.capacity(&self.guard)
     }
 }
 

@@ -59,6 +59,7 @@ use std::borrow::Borrow;
 use std::hash::Hash;
 
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
+use crossbeam_utils::CachePadded;
 
 use crate::algorithm::TOMBSTONE;
 use crate::cell::Cell;
@@ -101,10 +102,17 @@ pub(crate) struct Node<K> {
 const _: () = assert!(std::mem::align_of::<Node<u8>>() >= 4);
 
 struct Table<K> {
+    // Read by every lookup.
     slots: Box<[Atomic<Node<K>>]>,
     mask: usize,
     /// The successor while this table is being migrated.
     next: Atomic<Table<K>>,
+    // Written by inserts, migrations and sweeps: on a line of their own, so
+    // those writes do not evict the fields above from every reader's cache.
+    counters: CachePadded<TableCounters>,
+}
+
+struct TableCounters {
     /// Slots ever filled (live, dead or copied in). Never decreases.
     occupied: AtomicUsize,
     /// Migration cursor: slots `[0, claimed)` have been handed out.
@@ -122,10 +130,12 @@ impl<K> Table<K> {
             slots: (0..capacity).map(|_| Atomic::null()).collect(),
             mask: capacity - 1,
             next: Atomic::null(),
-            occupied: AtomicUsize::new(0),
-            claimed: AtomicUsize::new(0),
-            migrated: AtomicUsize::new(0),
-            sweep: AtomicUsize::new(0),
+            counters: CachePadded::new(TableCounters {
+                occupied: AtomicUsize::new(0),
+                claimed: AtomicUsize::new(0),
+                migrated: AtomicUsize::new(0),
+                sweep: AtomicUsize::new(0),
+            }),
         }
     }
 
@@ -135,7 +145,7 @@ impl<K> Table<K> {
 
     /// Direct inserts stop at half full: probe chains stay short.
     fn is_full(&self) -> bool {
-        self.occupied.load(Ordering::Relaxed) >= self.capacity() / 2
+        self.counters.occupied.load(Ordering::Relaxed) >= self.capacity() / 2
     }
 }
 
@@ -164,15 +174,16 @@ impl<F: Fn(u64) -> bool> Idle for F {
 /// (the safe front, `super::Map`, makes sure of that).
 pub(crate) struct RawMap<K> {
     root: Atomic<Table<K>>,
-    /// Live (not dead) nodes in all tables.
-    len: AtomicUsize,
+    /// Live (not dead) nodes in all tables. Padded: inserts write it, every
+    /// lookup reads `root`.
+    len: CachePadded<AtomicUsize>,
 }
 
 impl<K> RawMap<K> {
     pub(crate) fn new() -> Self {
         RawMap {
             root: Atomic::new(Table::new(MIN_CAPACITY)),
-            len: AtomicUsize::new(0),
+            len: CachePadded::new(AtomicUsize::new(0)),
         }
     }
 
@@ -329,7 +340,7 @@ impl<K: Hash + Eq> RawMap<K> {
                     guard,
                 ) {
                     Ok(inserted) => {
-                        t.occupied.fetch_add(1, Ordering::Relaxed);
+                        t.counters.occupied.fetch_add(1, Ordering::Relaxed);
                         // SAFETY: we just published it; it is freed only
                         // after a migration drops it, which `guard` outlives.
                         return (unsafe { inserted.deref() }, true);
@@ -414,7 +425,11 @@ impl<K: Hash + Eq> RawMap<K> {
         // SAFETY: as in `find`.
         let t = unsafe { root.deref() };
         let live = self.len();
-        let dead = t.occupied.load(Ordering::Relaxed).saturating_sub(live);
+        let dead = t
+            .counters
+            .occupied
+            .load(Ordering::Relaxed)
+            .saturating_sub(live);
         let oversized = capacity_for(live) <= t.capacity() / 4;
         if t.capacity() > MIN_CAPACITY
             && (dead >= t.capacity() / 4 || oversized)
@@ -460,7 +475,10 @@ impl<K: Hash + Eq> RawMap<K> {
     ) -> Option<usize> {
         // SAFETY: as in `find`.
         let (t, n) = unsafe { (table.deref(), next.deref()) };
-        let start = t.claimed.fetch_add(MIGRATION_CHUNK, Ordering::Relaxed);
+        let start = t
+            .counters
+            .claimed
+            .fetch_add(MIGRATION_CHUNK, Ordering::Relaxed);
         if start >= t.capacity() {
             return None;
         }
@@ -470,7 +488,7 @@ impl<K: Hash + Eq> RawMap<K> {
             .count();
         // AcqRel: the finisher must see every other chunk's copies before it
         // retires the table.
-        let migrated = t.migrated.fetch_add(end - start, Ordering::AcqRel) + (end - start);
+        let migrated = t.counters.migrated.fetch_add(end - start, Ordering::AcqRel) + (end - start);
         if migrated == t.capacity() {
             // Every slot is frozen and its node copied or dropped: the
             // successor holds every live node. Release: publishes it.
@@ -554,7 +572,7 @@ impl<K: Hash + Eq> RawMap<K> {
         let root = self.root.load(Ordering::Acquire, guard);
         // SAFETY: as in `find`.
         let t = unsafe { root.deref() };
-        let start = t.sweep.fetch_add(budget, Ordering::Relaxed);
+        let start = t.counters.sweep.fetch_add(budget, Ordering::Relaxed);
         let mut evicted = 0;
         for offset in 0..budget.min(t.capacity()) {
             let slot = t.slots[(start + offset) & t.mask].load(Ordering::Acquire, guard);
@@ -625,36 +643,13 @@ impl<K> Table<K> {
                     .compare_exchange(slot, node, Ordering::AcqRel, Ordering::Acquire, guard)
                     .is_ok()
                 {
-                    self.occupied.fetch_add(1, Ordering::Relaxed);
+                    self.counters.occupied.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
                 continue;
             }
             index = (index + 1) & self.mask;
         }
-    }
-}
-
-impl<K> std::fmt::Debug for RawMap<K> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let guard = crossbeam_epoch::pin();
-        let mut tables = Vec::new();
-        let mut table = self.root.load(Ordering::Acquire, &guard);
-        while !table.is_null() {
-            // SAFETY: debug only
-            let t = unsafe { table.deref() };
-            tables.push((
-                t.capacity(),
-                t.occupied.load(Ordering::Relaxed),
-                t.claimed.load(Ordering::Relaxed),
-                t.migrated.load(Ordering::Relaxed),
-            ));
-            table = t.next.load(Ordering::Acquire, &guard);
-        }
-        f.debug_struct("RawMap")
-            .field("len", &self.len())
-            .field("tables", &tables)
-            .finish()
     }
 }
 
