@@ -15,9 +15,12 @@
 //! - **Every [`TICK`] of clock time**, the first `check` that notices it
 //!   sweeps [`SWEEP_SLOTS`] slots of the table for idle keys (or, while the
 //!   table is being resized, copies that many slots instead). Every other
-//!   `check` pays one relaxed load of the next tick's time. After a burst of
-//!   keys goes idle, a table of `S` slots is swept in `S / 256` ms of
-//!   traffic (about 16 s for the 4M slots a million keys use).
+//!   `check` pays one relaxed load of the next tick's time, and the step
+//!   ends by handing the thread's garbage to the epoch collector. After a
+//!   burst of keys goes idle, a table of `S` slots is swept in `S / 256` ms
+//!   of traffic: for a million idle `u64` keys (2M slots), the map is back
+//!   to within a few kilobytes of its baseline after about 21 s of traffic
+//!   from a single user (measured in `tests/keyed_memory.rs`).
 //! - **When a quarter of the table is dead weight**, the sweep starts a
 //!   migration to a table sized for the live keys (three slots per key,
 //!   rounded up to a power of two), so memory follows the live keys down as
