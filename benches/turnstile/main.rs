@@ -1,11 +1,12 @@
 //! turnstile's benchmarks: one criterion entry, one submodule per subject
-//! (`direct` now; `keyed`, `redis` and the peers' crates as they land), each
+//! (`direct`, `keyed`; `redis` and the peers' crates as they land), each
 //! putting turnstile and its peers in one group so the ratios come from one
 //! run on one machine.
 //!
 //! ```text
 //! cargo bench --bench turnstile                       # everything
 //! cargo bench --bench turnstile -- direct             # one group
+//! cargo bench --bench turnstile -- keyed              # the keyed groups
 //! cargo bench --bench turnstile -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
@@ -16,6 +17,7 @@
 use criterion::{criterion_group, criterion_main};
 
 mod direct;
+mod keyed;
 
-criterion_group!(benches, direct::bench);
+criterion_group!(benches, direct::bench, keyed::bench);
 criterion_main!(benches);
