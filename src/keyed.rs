@@ -21,18 +21,29 @@
 //!   of traffic: for a million idle `u64` keys (2M slots), the map is back
 //!   to within a few kilobytes of its baseline after about 21 s of traffic
 //!   from a single user (measured in `tests/keyed_memory.rs`).
-//! - **When a quarter of the table is dead weight**, the sweep starts a
-//!   migration to a table sized for the live keys (three slots per key,
-//!   rounded up to a power of two), so memory follows the live keys down as
-//!   well as up. Inserts trigger the same migration when the table is half
+//! - **When a quarter of the table is dead weight, or it is four times
+//!   larger than the live keys need**, the sweep starts a migration to a
+//!   table sized for the live keys (three slots per key plus a little
+//!   headroom, rounded up to a power of two), so memory follows the live
+//!   keys down as well as up. Inserts trigger the same migration when the table is half
 //!   full, and each insert that meets a migration copies
 //!   [`MIGRATION_CHUNK`](crate::keyed::MIGRATION_CHUNK) slots of it.
 //! - **On demand**, [`KeyedLimiter::evict_idle`] sweeps everything at once.
 //! - **At `max_keys`**, a new key is admitted according to the
-//!   [`OverflowPolicy`]; the default evicts, among [`OVERFLOW_SAMPLE`] slots
-//!   near the new key, the bucket closest to full: it carries the least
-//!   information, and under a flood of random keys it is usually one of the
-//!   flood's own single-request keys, not a steady user's.
+//!   [`OverflowPolicy`]; the default evicts, among the first
+//!   [`OVERFLOW_SAMPLE`] live keys found near the new key's slot (never
+//!   fewer than two when the table holds two), the bucket closest to full:
+//!   it carries the least information, and under a flood of random keys it
+//!   is one of the flood's own single-request keys, not a busy user's.
+//!
+//! # Progress
+//!
+//! Lookups and updates of existing keys are lock-free and allocate nothing.
+//! Inserts are lock-free, with one exception: an insert that finds the new
+//! table of a migration already half full, while the old table's last
+//! chunks are claimed by a thread that the OS has descheduled, yields until
+//! that thread finishes its chunk (at most [`MIGRATION_CHUNK`] slots).
+//! [`KeyedLimiter::evict_idle`] likewise waits for claimed chunks.
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -52,7 +63,7 @@ pub const TICK: u64 = 1_000_000;
 /// Slots one housekeeping step sweeps (or copies): a few microseconds of
 /// work, taken by one caller once per [`TICK`].
 pub const SWEEP_SLOTS: usize = 256;
-/// Slots sampled to choose a victim when the limiter is full.
+/// Live keys compared to choose a victim when the limiter is full.
 pub const OVERFLOW_SAMPLE: usize = 8;
 pub use crate::map::MIGRATION_CHUNK;
 /// The default bound on live keys (about 55 MB at 57.5 bytes per `u64` key,
