@@ -298,11 +298,36 @@ where
     K: Hash + Eq + Send + Sync + 'static,
     C: Clock,
 {
-    /// Decides one request of cost `n` for `key` under `quota` instead of the
-    /// limiter's own: for tiered plans, where each caller's quota comes with
-    /// its key. Keep one quota per key: the state is a GCRA arrival time,
-    /// which each quota reads in its own terms.
-    pub fn check_with<Q>(&self, key: &Q, quota: &Quota, n: u64) -> Result<Decision, CostError>
+    /// Decides one request for `key` under `quota` instead of the limiter's
+    /// own: for tiered plans, where each caller's quota comes with its key.
+    ///
+    /// Keep one quota per key: the state is a GCRA arrival time, which each
+    /// quota reads in its own terms (switching a key to a larger quota
+    /// carries its backlog over, which is what an upgrade should do).
+    ///
+    /// ```
+    /// use turnstile::{KeyedLimiter, Quota};
+    ///
+    /// let free: Quota = "10/min".parse()?;
+    /// let gold: Quota = "1000/min".parse()?;
+    /// let limiter = KeyedLimiter::<String>::new(free);
+    /// assert_eq!(limiter.check_with("gold-customer", &gold).remaining(), 999);
+    /// assert_eq!(limiter.check("free-customer").remaining(), 9);
+    /// # Ok::<(), turnstile::QuotaError>(())
+    /// ```
+    #[inline]
+    pub fn check_with<Q>(&self, key: &Q, quota: &Quota) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        // Cost 1 is within every quota's burst.
+        self.decide(key, 1, &Gcra::new(quota))
+    }
+
+    /// [`check_with`](KeyedLimiter::check_with) for a request of cost `n`:
+    /// an error, not a denial, when `n` is 0 or above that quota's burst.
+    pub fn check_n_with<Q>(&self, key: &Q, quota: &Quota, n: u64) -> Result<Decision, CostError>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -466,8 +491,9 @@ mod tests {
         );
         assert_eq!(limiter.len(), 0, "an error changes nothing");
         let gold: Quota = "100/s".parse().unwrap();
-        assert_eq!(limiter.check_with(&1, &gold, 50).unwrap().remaining(), 50);
-        assert!(limiter.check_with(&2, &gold, 101).is_err());
+        assert_eq!(limiter.check_n_with(&1, &gold, 50).unwrap().remaining(), 50);
+        assert_eq!(limiter.check_with(&1, &gold).remaining(), 49);
+        assert!(limiter.check_n_with(&2, &gold, 101).is_err());
     }
 
     #[test]
@@ -632,5 +658,18 @@ mod tests {
                 "50 rounds and the threads never collided on a cell"
             );
         }
+    }
+}
+
+#[cfg(all(test, not(turnstile_loom)))]
+mod bounds {
+    /// Shared by `&` or `Arc` across threads: a compile-time check.
+    #[test]
+    fn limiters_are_send_and_sync() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<super::KeyedLimiter<String>>();
+        shareable::<super::KeyedLimiter<u64, crate::ManualClock>>();
+        shareable::<crate::DirectLimiter>();
+        shareable::<crate::DirectLimiter<crate::RecentClock, crate::algorithms::FixedWindow>>();
     }
 }
