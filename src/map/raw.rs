@@ -13,6 +13,16 @@
 //! of pointers finds a key in one slot load and one node load in the common
 //! case (load factor at most 1/2).
 //!
+//! Measured (`BENCHMARKS.md`, one run): with 1,000 keys a check costs
+//! 52 ns against 50 ns for governor's DashMap with the same hasher, and
+//! 115 ns against 157 ns on two threads, where DashMap's shard locks
+//! contend and this map takes none. With 1,000,000 keys every lookup
+//! misses the cache, and the pointer indirection shows: 422 ns against
+//! 263 ns, because a hit loads a slot and then a node, and each probe that
+//! is not the key loads a node too (the hash lives in the node). Keeping a
+//! few hash bits beside each pointer, or the entries of small keys inline,
+//! is the known next step.
+//!
 //! # Slots
 //!
 //! A slot is an `Atomic<Node>`; its tag says where the slot is in its life,
@@ -495,12 +505,17 @@ impl<K: Hash + Eq> RawMap<K> {
             let swung =
                 self.root
                     .compare_exchange(table, next, Ordering::AcqRel, Ordering::Acquire, guard);
+            // A successor is only ever installed on the root (see
+            // `start_migration`'s callers), so the swing succeeds; were it
+            // ever to fail, leaking the table beats freeing a live one.
             debug_assert!(swung.is_ok(), "only the root is ever migrated");
-            // SAFETY: the table is unreachable from the root now; threads
-            // that loaded it earlier are pinned, and the epoch frees it only
-            // after they unpin. Its nodes are not freed with it (dropping a
-            // `Table` drops only its array of pointers).
-            unsafe { guard.defer_destroy(table) };
+            if swung.is_ok() {
+                // SAFETY: the table is unreachable from the root now;
+                // threads that loaded it earlier are pinned, and the epoch
+                // frees it only after they unpin. Its nodes are not freed
+                // with it (dropping a `Table` drops only its pointers).
+                unsafe { guard.defer_destroy(table) };
+            }
         }
         Some(evicted)
     }
