@@ -25,85 +25,19 @@
 //!    bound (its `retain_recent` is not called, as nothing in governor calls
 //!    it by itself), so its figure is that of holding all 10,000,000 keys.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::fmt::Write as _;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use turnstile::reference::SeedTokenBucket;
 use turnstile::{KeyedLimiter, Quota};
 
-/// Counts live heap bytes and their peak.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards every call to the system allocator unchanged; the
-// counters are side effects only.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's obligations pass through to System.
-        let ptr = unsafe { System.alloc(layout) };
-        if !ptr.is_null() {
-            let live = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
-            PEAK.fetch_max(live, Ordering::Relaxed);
-        }
-        ptr
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's obligations pass through to System.
-        let ptr = unsafe { System.alloc_zeroed(layout) };
-        if !ptr.is_null() {
-            let live = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
-            PEAK.fetch_max(live, Ordering::Relaxed);
-        }
-        ptr
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: the caller's obligations pass through to System.
-        let new = unsafe { System.realloc(ptr, layout, new_size) };
-        if !new.is_null() {
-            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-            let live = LIVE.fetch_add(new_size, Ordering::Relaxed) + new_size;
-            PEAK.fetch_max(live, Ordering::Relaxed);
-        }
-        new
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
-
-fn live() -> usize {
-    LIVE.load(Ordering::Relaxed)
-}
-
-fn mib(bytes: usize) -> f64 {
-    bytes as f64 / (1 << 20) as f64
-}
-
-/// A small deterministic generator: the keys, not the thing measured.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
+#[path = "../tests/support/heap.rs"]
+mod heap;
+use heap::{live, mib};
+#[path = "../tests/support/keys.rs"]
+mod keys;
+use keys::SplitMix;
 
 const KEYS: usize = 1_000_000;
 const FLOOD: u64 = 10_000_000;
@@ -145,7 +79,7 @@ fn per_key<L>(
 /// the limiter `make` builds, and the time it took.
 fn flood<L>(make: impl FnOnce() -> L, check: impl Fn(&L, u64)) -> (usize, usize, Duration) {
     let baseline = live();
-    PEAK.store(baseline, Ordering::Relaxed);
+    heap::reset_peak();
     let limiter = make();
     let mut rng = SplitMix(42);
     let start = Instant::now();
@@ -153,7 +87,7 @@ fn flood<L>(make: impl FnOnce() -> L, check: impl Fn(&L, u64)) -> (usize, usize,
         check(&limiter, rng.next());
     }
     let elapsed = start.elapsed();
-    let peak = PEAK.load(Ordering::Relaxed) - baseline;
+    let peak = heap::peak() - baseline;
     let end = live() - baseline;
     drop(limiter);
     (peak, end, elapsed)

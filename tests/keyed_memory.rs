@@ -4,66 +4,21 @@
 //!
 //! Run with `--nocapture` to see the figures.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use turnstile::keyed::TICK;
 use turnstile::{KeyedLimiter, ManualClock, Quota};
 
-/// Counts live heap bytes and their peak.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards every call to the system allocator unchanged; the
-// counters are side effects only.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's obligations pass through to System.
-        let ptr = unsafe { System.alloc(layout) };
-        if !ptr.is_null() {
-            let live = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
-            PEAK.fetch_max(live, Ordering::Relaxed);
-        }
-        ptr
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
+#[path = "support/heap.rs"]
+mod heap;
+use heap::live;
+#[path = "support/keys.rs"]
+mod keys;
+use keys::SplitMix;
 
 /// The counters are process-wide: the tests take turns.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn live() -> usize {
-    LIVE.load(Ordering::Relaxed)
-}
-
-fn mb(bytes: usize) -> f64 {
-    bytes as f64 / (1 << 20) as f64
-}
-
-/// A small deterministic generator: the flood's keys, not the thing measured.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
 
 #[test]
 fn a_million_idle_keys_go_away_by_themselves() {
@@ -83,7 +38,7 @@ fn a_million_idle_keys_go_away_by_themselves() {
     let per_key = (full - baseline) as f64 / 1e6;
     println!(
         "1,000,000 u64 keys: {:.1} MB, {per_key:.1} bytes per key ({} slots)",
-        mb(full - baseline),
+        heap::mib(full - baseline),
         limiter.capacity()
     );
     assert_eq!(limiter.len(), 1_000_001);
@@ -100,14 +55,14 @@ fn a_million_idle_keys_go_away_by_themselves() {
             checks < 2_000_000,
             "after {checks} checks: {} keys, {:.1} MB above baseline",
             limiter.len(),
-            mb(live().saturating_sub(baseline))
+            heap::mib(live().saturating_sub(baseline))
         );
     }
     println!(
         "back to {} key(s) and {:.2} MB above baseline after {checks} checks \
          ({:.0} s of traffic at one check per {TICK} ns tick), {} slots",
         limiter.len(),
-        mb(live().saturating_sub(baseline)),
+        heap::mib(live().saturating_sub(baseline)),
         checks as f64 * TICK as f64 / 1e9,
         limiter.capacity()
     );
@@ -125,7 +80,7 @@ fn a_flood_of_random_keys_keeps_memory_flat_and_users_exact() {
     let clock = ManualClock::new();
     let twin = KeyedLimiter::builder(quota).clock(clock.clone()).build();
     let baseline = live();
-    PEAK.store(baseline, Ordering::Relaxed);
+    heap::reset_peak();
     let flooded = KeyedLimiter::builder(quota)
         .clock(clock.clone())
         .max_keys(MAX_KEYS)
@@ -145,15 +100,15 @@ fn a_flood_of_random_keys_keeps_memory_flat_and_users_exact() {
             compared += 1;
         }
     }
-    let peak = PEAK.load(Ordering::Relaxed) - baseline;
+    let peak = heap::peak() - baseline;
     println!(
         "flood of {FLOOD} random keys with max_keys = {MAX_KEYS}: peak {:.1} MB, \
          {} keys and {} slots at the end; steady user identical on {compared} checks",
-        mb(peak),
+        heap::mib(peak),
         flooded.len(),
         flooded.capacity()
     );
     // 100,000 nodes of 32 bytes and a table of 8-byte slots, with room for a
     // migration in flight and garbage awaiting the epoch.
-    assert!(peak < 48 << 20, "peak {:.1} MB", mb(peak));
+    assert!(peak < 48 << 20, "peak {:.1} MB", heap::mib(peak));
 }
