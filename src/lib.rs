@@ -41,6 +41,23 @@
 //! of 0 or above `B` are errors ([`CostError`]), not denials. Every operation
 //! saturates: no input panics or wraps into an allow, and a clock that goes
 //! backwards grants nothing (see [`clock`]).
+//!
+//! # Consistency guarantees
+//!
+//! - **Per key, every check is atomic.** An allowed request is one
+//!   successful CAS on its key's cell; a denial is decided on one load of
+//!   it. Concurrent checks of one key behave as if they ran one at a time,
+//!   and none is lost: not to another updater, not to the table growing or
+//!   shrinking under it, not to eviction (the loom models in `loom-tests/`
+//!   check each of these).
+//! - **Eviction of idle keys is lossless** while the clock moves forward: a
+//!   bucket is evicted only once it is full again, which is what a missing
+//!   key is. Internals and constants: [`keyed`].
+//! - **The one lossy path is the bound.** When `max_keys` keys are live and
+//!   none is idle, [`OverflowPolicy::EvictFullest`] forgets the bucket
+//!   closest to full among a sample; the other policies refuse or admit the
+//!   new key without tracking it instead.
+//! - Keys are independent: there is no cross-key ordering.
 
 #![warn(missing_docs, missing_debug_implementations)]
 
