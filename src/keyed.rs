@@ -27,7 +27,7 @@
 //!   headroom, rounded up to a power of two), so memory follows the live
 //!   keys down as well as up. Inserts trigger the same migration when the table is half
 //!   full, and each insert that meets a migration copies
-//!   [`MIGRATION_CHUNK`](crate::keyed::MIGRATION_CHUNK) slots of it.
+//!   [`MIGRATION_CHUNK`] slots of it.
 //! - **On demand**, [`KeyedLimiter::evict_idle`] sweeps everything at once.
 //! - **At `max_keys`**, a new key is admitted according to the
 //!   [`OverflowPolicy`]; the default evicts, among the first
