@@ -36,7 +36,11 @@ fn model(t: u64, burst: u64, tat: u64, now: u64, cost: u64) -> Result<Expected, 
     if cost > burst {
         return Err(CostError::ExceedsBurst { cost, burst });
     }
-    let (t, tau, now) = (u128::from(t), u128::from(burst) * u128::from(t), u128::from(now));
+    let (t, tau, now) = (
+        u128::from(t),
+        u128::from(burst) * u128::from(t),
+        u128::from(now),
+    );
     let base = u128::from(tat).max(now);
     let next = base + u128::from(cost) * t;
     // The largest storable TAT is one below the reserved tombstone.
@@ -67,8 +71,8 @@ fn model(t: u64, burst: u64, tat: u64, now: u64, cost: u64) -> Result<Expected, 
 }
 
 fuzz_target!(|input: Input| {
-    let Ok(quota) = Quota::with_period(Duration::from_nanos(input.interval))
-        .and_then(|q| q.burst(input.burst))
+    let Ok(quota) =
+        Quota::with_period(Duration::from_nanos(input.interval)).and_then(|q| q.burst(input.burst))
     else {
         return;
     };
@@ -85,11 +89,19 @@ fuzz_target!(|input: Input| {
                 allowed: d.is_allowed(),
                 remaining: d.remaining(),
                 reset_after: u64::try_from(d.reset_after().as_nanos()).unwrap(),
-                retry_after: d.retry_after().map(|r| u64::try_from(r.as_nanos()).unwrap()),
+                retry_after: d
+                    .retry_after()
+                    .map(|r| u64::try_from(r.as_nanos()).unwrap()),
             }
         });
-        assert_eq!(actual, expected, "T={t} B={burst} TAT={tat} now={now} cost={cost}");
-        if let Ok(Expected { next: Some(next), .. }) = expected {
+        assert_eq!(
+            actual, expected,
+            "T={t} B={burst} TAT={tat} now={now} cost={cost}"
+        );
+        if let Ok(Expected {
+            next: Some(next), ..
+        }) = expected
+        {
             tat = next;
         }
     }
