@@ -12,8 +12,12 @@ for target in $(cargo +nightly fuzz list); do
     [ -d "corpus/$target" ] && cp -r "corpus/$target/." "$scratch/$target/"
     echo "fuzz $target for ${seconds}s"
     log="$scratch/$target.log"
-    if ! cargo +nightly fuzz run "$target" "$scratch/$target" -- \
-        -max_total_time="$seconds" -print_final_stats=1 >"$log" 2>&1; then
+    flags=(-max_total_time="$seconds" -print_final_stats=1)
+    # keyed_ops builds a limiter per input; each thread keeps the epoch
+    # handles of its last few maps (src/map/pin.rs), which libFuzzer's
+    # per-input leak scan reports and slows to a crawl. Bounded by design.
+    [ "$target" = keyed_ops ] && flags+=(-detect_leaks=0)
+    if ! cargo +nightly fuzz run "$target" "$scratch/$target" -- "${flags[@]}" >"$log" 2>&1; then
         tail -n 60 "$log"
         echo "fuzz target $target failed: see fuzz/artifacts/$target/" >&2
         exit 1

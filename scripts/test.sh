@@ -14,6 +14,7 @@ rustup component add rustfmt clippy >/dev/null
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
+(cd fuzz && cargo fmt -- --check)
 
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets -- -D warnings
