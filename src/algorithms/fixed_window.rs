@@ -105,31 +105,14 @@ impl FixedWindow {
     /// less one value kept for the tombstone) or the period is shorter than
     /// about 2.87 ms (2^40 windows must span 100 years).
     pub fn new(quota: &Quota) -> Result<FixedWindow, QuotaError> {
-        let does_not_fit = |reason: String| QuotaError::DoesNotFit {
-            algorithm: "fixed window",
-            quota: quota.to_string(),
-            reason,
-        };
-        if quota.count() > MAX_LIMIT {
-            return Err(does_not_fit(format!(
-                "a limit of {} is above the maximum of {MAX_LIMIT} requests per window \
-                 (the count is packed in 24 bits); use GCRA or the sliding log",
-                quota.count()
-            )));
-        }
-        if quota.period_nanos() < MIN_PERIOD {
-            return Err(does_not_fit(format!(
-                "a window of {:?} is shorter than the minimum of {:?} \
-                 (the window index is packed in 40 bits, and 2^40 windows must span 100 years); \
-                 use a longer period or GCRA",
-                quota.period(),
-                Duration::from_nanos(MIN_PERIOD)
-            )));
-        }
-        Ok(FixedWindow {
-            period: NonZeroU64::new(quota.period_nanos()).unwrap_or(NonZeroU64::MIN),
-            limit: quota.count(),
-        })
+        let (period, limit) = super::packed_window(
+            quota,
+            "fixed window",
+            MAX_LIMIT,
+            "24 bits",
+            State::INDEX_BITS,
+        )?;
+        Ok(FixedWindow { period, limit })
     }
 
     /// The most requests a window admits.

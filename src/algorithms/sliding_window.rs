@@ -152,31 +152,14 @@ impl SlidingWindow {
     /// about 0.735 s (2^32 windows must span 100 years); GCRA has neither
     /// bound.
     pub fn new(quota: &Quota) -> Result<SlidingWindow, QuotaError> {
-        let does_not_fit = |reason: String| QuotaError::DoesNotFit {
-            algorithm: "sliding window",
-            quota: quota.to_string(),
-            reason,
-        };
-        if quota.count() > MAX_LIMIT {
-            return Err(does_not_fit(format!(
-                "a limit of {} is above the maximum of {MAX_LIMIT} requests per window \
-                 (each count is packed in 16 bits); use GCRA, which has no such bound",
-                quota.count()
-            )));
-        }
-        if quota.period_nanos() < MIN_PERIOD {
-            return Err(does_not_fit(format!(
-                "a window of {:?} is shorter than the minimum of {:?} \
-                 (the window index is packed in 32 bits, and 2^32 windows must span 100 years); \
-                 use a longer period, or GCRA, which has no such bound",
-                quota.period(),
-                Duration::from_nanos(MIN_PERIOD)
-            )));
-        }
-        Ok(SlidingWindow {
-            period: NonZeroU64::new(quota.period_nanos()).unwrap_or(NonZeroU64::MIN),
-            limit: quota.count(),
-        })
+        let (period, limit) = super::packed_window(
+            quota,
+            "sliding window",
+            MAX_LIMIT,
+            "16 bits each",
+            State::INDEX_BITS,
+        )?;
+        Ok(SlidingWindow { period, limit })
     }
 
     /// The most requests the estimate admits over one period.
