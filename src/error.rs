@@ -88,12 +88,16 @@ pub enum CostError {
     /// silently allowed, since it is almost always a caller's bug.
     #[error("a cost of 0 tokens is not a request")]
     Zero,
-    /// The cost is larger than the bucket can ever hold.
-    #[error("a cost of {cost} tokens can never be met: the burst is {burst}")]
+    /// The cost is larger than the limiter ever admits at once (a GCRA
+    /// bucket's burst, a window's limit).
+    #[error(
+        "a cost of {cost} tokens can never be met: at most {burst} pass at once \
+         (the burst, or a window's limit)"
+    )]
     ExceedsBurst {
         /// The cost asked.
         cost: u64,
-        /// The most the bucket ever holds.
+        /// The most the limiter ever admits at once.
         burst: u64,
     },
 }
