@@ -11,6 +11,9 @@ use libfuzzer_sys::fuzz_target;
 use turnstile::algorithms::FixedWindow;
 use turnstile::{CostError, Quota};
 
+#[path = "common.rs"]
+mod common;
+
 #[derive(Arbitrary, Debug)]
 enum Time {
     Same,
@@ -135,10 +138,8 @@ fuzz_target!(|input: Input| {
                     .map(|s| (u128::from(s >> 24), u128::from(s & 0xFF_FFFF))),
                 allowed: d.is_allowed(),
                 remaining: d.remaining(),
-                reset_after: u64::try_from(d.reset_after().as_nanos()).unwrap(),
-                retry_after: d
-                    .retry_after()
-                    .map(|r| u64::try_from(r.as_nanos()).unwrap()),
+                reset_after: common::nanos(d.reset_after()),
+                retry_after: d.retry_after().map(common::nanos),
             }
         });
         assert_eq!(

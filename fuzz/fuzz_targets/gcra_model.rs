@@ -10,6 +10,9 @@ use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use turnstile::{CostError, Gcra, Quota, TOMBSTONE};
 
+#[path = "common.rs"]
+mod common;
+
 #[derive(Arbitrary, Debug)]
 struct Input {
     interval: u64,
@@ -88,10 +91,8 @@ fuzz_target!(|input: Input| {
                 next: step.next,
                 allowed: d.is_allowed(),
                 remaining: d.remaining(),
-                reset_after: u64::try_from(d.reset_after().as_nanos()).unwrap(),
-                retry_after: d
-                    .retry_after()
-                    .map(|r| u64::try_from(r.as_nanos()).unwrap()),
+                reset_after: common::nanos(d.reset_after()),
+                retry_after: d.retry_after().map(common::nanos),
             }
         });
         assert_eq!(

@@ -14,6 +14,9 @@ use libfuzzer_sys::fuzz_target;
 use turnstile::algorithms::SlidingWindow;
 use turnstile::{CostError, Quota};
 
+#[path = "common.rs"]
+mod common;
+
 #[derive(Arbitrary, Debug)]
 enum Time {
     Same,
@@ -226,10 +229,8 @@ fuzz_target!(|input: Input| {
                 next: step.next.map(unpack),
                 allowed: d.is_allowed(),
                 remaining: d.remaining(),
-                reset_after: u64::try_from(d.reset_after().as_nanos()).unwrap(),
-                retry_after: d
-                    .retry_after()
-                    .map(|r| u64::try_from(r.as_nanos()).unwrap()),
+                reset_after: common::nanos(d.reset_after()),
+                retry_after: d.retry_after().map(common::nanos),
             }
         });
         assert_eq!(
