@@ -265,33 +265,36 @@ fn threads_label(threads: usize) -> String {
     }
 }
 
-fn u64_group(c: &mut Criterion, workload: &Workload<u64>, threads: usize) {
+/// One workload's group: every subject on the same keys and thread count.
+fn group<K>(c: &mut Criterion, workload: &Workload<K>, threads: usize)
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    KeyedLimiter<K>: Subject<K>,
+    SeedTokenBucket<K>: Subject<K>,
+{
     let mut group = c.benchmark_group(format!(
         "keyed/{}/{}",
         workload.name,
         threads_label(threads)
     ));
     group.throughput(Throughput::Elements(threads as u64));
-    run(
-        &mut group,
-        "turnstile",
-        KeyedLimiter::<u64>::new(quota()),
-        workload,
-        threads,
-        true,
-    );
+    let turnstile = KeyedLimiter::<K>::new(quota());
+    run(&mut group, "turnstile", turnstile, workload, threads, true);
+    let governor = governor::RateLimiter::<K, _, _>::keyed(governor_quota());
     run(
         &mut group,
         "governor (DashMap, std hasher)",
-        governor::RateLimiter::<u64, _, _>::keyed(governor_quota()),
+        governor,
         workload,
         threads,
         true,
     );
+    let governor_ahash =
+        Governor::<K, _>::dashmap_with_hasher(governor_quota(), ahash::RandomState::new());
     run(
         &mut group,
         "governor (DashMap, ahash)",
-        Governor::<u64, _>::dashmap_with_hasher(governor_quota(), ahash::RandomState::new()),
+        governor_ahash,
         workload,
         threads,
         true,
@@ -299,63 +302,16 @@ fn u64_group(c: &mut Criterion, workload: &Workload<u64>, threads: usize) {
     run(
         &mut group,
         "seed (Mutex<HashMap>)",
-        seed::<u64>(),
+        seed::<K>(),
         workload,
         threads,
         true,
     );
     if workload.keys.len() >= 1_000_000 {
-        run(
-            &mut group,
-            "turnstile (1e9/s: idle keys evicted)",
-            KeyedLimiter::<u64>::new(idle_quota()),
-            workload,
-            threads,
-            false,
-        );
+        let evicting = KeyedLimiter::<K>::new(idle_quota());
+        let name = "turnstile (1e9/s: idle keys evicted)";
+        run(&mut group, name, evicting, workload, threads, false);
     }
-    group.finish();
-}
-
-fn string_group(c: &mut Criterion, workload: &Workload<String>, threads: usize) {
-    let mut group = c.benchmark_group(format!(
-        "keyed/{}/{}",
-        workload.name,
-        threads_label(threads)
-    ));
-    group.throughput(Throughput::Elements(threads as u64));
-    run(
-        &mut group,
-        "turnstile",
-        KeyedLimiter::<String>::new(quota()),
-        workload,
-        threads,
-        true,
-    );
-    run(
-        &mut group,
-        "governor (DashMap, std hasher)",
-        governor::RateLimiter::<String, _, _>::keyed(governor_quota()),
-        workload,
-        threads,
-        true,
-    );
-    run(
-        &mut group,
-        "governor (DashMap, ahash)",
-        Governor::<String, _>::dashmap_with_hasher(governor_quota(), ahash::RandomState::new()),
-        workload,
-        threads,
-        true,
-    );
-    run(
-        &mut group,
-        "seed (Mutex<HashMap>)",
-        seed::<String>(),
-        workload,
-        threads,
-        true,
-    );
     group.finish();
 }
 
@@ -378,10 +334,10 @@ pub fn bench(c: &mut Criterion) {
 
     for workload in &u64_workloads {
         for &threads in &thread_counts {
-            u64_group(c, workload, threads);
+            group(c, workload, threads);
         }
     }
     for &threads in &thread_counts {
-        string_group(c, &strings, threads);
+        group(c, &strings, threads);
     }
 }
