@@ -54,7 +54,8 @@
 //!
 //! # Migration
 //!
-//! When a table is half full (or a quarter of it is dead), a successor sized
+//! When a table is half full (or a quarter of it is dead, or it is four times
+//! larger than its live keys need), a successor sized
 //! for the live keys is installed in `next`. From then on new keys go to the
 //! successor, and callers copy the old table a chunk at a time: each chunk
 //! is claimed by one thread (a `fetch_add` on a cursor), and for each slot
@@ -64,6 +65,21 @@
 //! thread that finishes the last chunk swings the root to the successor and
 //! retires the old table through the epoch. A successor migrates only after
 //! it has become the root, so there are at most two tables at a time.
+//!
+//! # Orderings
+//!
+//! One rule for the whole file, so each access need not repeat it:
+//! - **Pointers** (`root`, `next`, slots) are published with a `Release`
+//!   (or `AcqRel`) CAS or store and read with `Acquire`, because every
+//!   reader dereferences what it loads: the node's or table's fields must
+//!   be visible before its address is.
+//! - **Counters** (`occupied`, `claimed`, `sweep`, `len`) are `Relaxed`:
+//!   they steer heuristics (when to migrate, where to sweep, whether there
+//!   is room for a key) and guard no memory. A `claimed` chunk is owned by
+//!   the one `fetch_add` that returned it, whatever the ordering.
+//! - **`migrated`** is `AcqRel`: the thread that brings it to the capacity
+//!   retires the table, so it must see every other chunk's copies first.
+//! - **Cells** have their own argument, in `crate::cell`.
 
 use std::borrow::Borrow;
 use std::hash::Hash;
