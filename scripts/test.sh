@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every check turnstile has, in the order a reviewer would want them to fail:
-# formatting, lints, unit/integration/doc tests, loom models, Miri, fuzzing.
+# formatting, lints, unit/integration/doc tests, loom models, Miri,
+# sanitizers, fuzzing.
 # Installs what a fresh machine lacks: toolchain components (rustfmt,
 # clippy, miri, rust-src) and cargo-fuzz; no system packages are needed yet.
 set -euo pipefail
@@ -30,6 +31,9 @@ scripts/loom.sh
 
 step "Miri"
 scripts/miri.sh
+
+step "AddressSanitizer + LeakSanitizer over the map"
+scripts/sanitize.sh
 
 step "fuzz targets, 20 s each"
 scripts/fuzz.sh
