@@ -31,8 +31,17 @@ const MAX_THREADS: u64 = 1_024;
 /// The smallest quota count used, whatever `--checks` says.
 const MIN_QUOTA_COUNT: u64 = 1_000_000;
 
-/// Keys of the many-keys keyed row.
+/// Keys of the many-keys keyed rows.
 const MANY_KEYS: u64 = 1_000;
+
+/// Keys of the million-keys keyed rows.
+const MILLION_KEYS: u64 = 1_000_000;
+
+/// The keyed rows visit key `i * WALK_STRIDE mod n` at check `i`: coprime
+/// with both key counts, so every key is visited, and large, so the walk is
+/// not the insertion order (which would hand the nodes of a map that
+/// allocates them one by one a prefetch-friendly walk).
+const WALK_STRIDE: u64 = 654_321;
 
 /// The fixed window's largest limit (24-bit count, one value reserved).
 const FIXED_WINDOW_MAX_LIMIT: u64 = 16_777_214;
@@ -70,6 +79,19 @@ pub(crate) enum Bench {
     /// GCRA, `KeyedLimiter<u64>`, checks spread over 1,000 keys.
     #[value(name = "gcra-keyed-1000")]
     GcraKeyed1000,
+    /// GCRA, `KeyedLimiter<u64>`, checks spread over 1,000,000 keys.
+    #[value(name = "gcra-keyed-1000000")]
+    GcraKeyedMillion,
+    /// governor's direct limiter (feature `peers`).
+    GovernorDirect,
+    /// governor's keyed limiter (DashMap, ahash) on 1,000 keys (feature
+    /// `peers`).
+    #[value(name = "governor-keyed-1000")]
+    GovernorKeyed1000,
+    /// governor's keyed limiter (DashMap, ahash) on 1,000,000 keys (feature
+    /// `peers`).
+    #[value(name = "governor-keyed-1000000")]
+    GovernorKeyedMillion,
     /// Fixed window (`DirectLimiter::from_algorithm`).
     FixedWindow,
     /// Sliding-window counter (`DirectLimiter::from_algorithm`).
@@ -82,10 +104,14 @@ pub(crate) enum Bench {
 
 impl Bench {
     /// Every row, in table order.
-    const ALL: [Bench; 7] = [
+    const ALL: [Bench; 11] = [
         Bench::Gcra,
+        Bench::GovernorDirect,
         Bench::GcraKeyed,
         Bench::GcraKeyed1000,
+        Bench::GovernorKeyed1000,
+        Bench::GcraKeyedMillion,
+        Bench::GovernorKeyedMillion,
         Bench::FixedWindow,
         Bench::SlidingWindow,
         Bench::SlidingLog,
@@ -98,10 +124,22 @@ impl Bench {
             Bench::Gcra => "GCRA DirectLimiter",
             Bench::GcraKeyed => "GCRA KeyedLimiter<u64>, 1 key",
             Bench::GcraKeyed1000 => "GCRA KeyedLimiter<u64>, 1,000 keys",
+            Bench::GcraKeyedMillion => "GCRA KeyedLimiter<u64>, 1M keys",
+            Bench::GovernorDirect => "governor direct",
+            Bench::GovernorKeyed1000 => "governor keyed (ahash), 1,000 keys",
+            Bench::GovernorKeyedMillion => "governor keyed (ahash), 1M keys",
             Bench::FixedWindow => "fixed window",
             Bench::SlidingWindow => "sliding-window counter",
             Bench::SlidingLog => "sliding log (Mutex)",
             Bench::SeedBucket => "seed f64 bucket (Mutex<HashMap>)",
+        }
+    }
+
+    /// The keys a keyed row spreads its checks over.
+    fn keys(self) -> u64 {
+        match self {
+            Bench::GcraKeyedMillion | Bench::GovernorKeyedMillion => MILLION_KEYS,
+            _ => MANY_KEYS,
         }
     }
 
@@ -226,14 +264,20 @@ fn run_bench(bench: Bench, threads: usize, checks: u64) -> Result<Stats, String>
             let _ = limiter.check(&0);
             measure(threads, checks, |_| limiter.check(&0).is_allowed())
         }
-        Bench::GcraKeyed1000 => {
-            let limiter = KeyedLimiter::<u64>::new(quota);
-            for key in 0..MANY_KEYS {
-                let _ = limiter.check(&key);
+        Bench::GcraKeyed1000 | Bench::GcraKeyedMillion => {
+            let keys = shuffled_keys(bench.keys());
+            let limiter = KeyedLimiter::<u64>::builder(quota)
+                .max_keys(keys.len())
+                .build();
+            for key in &keys {
+                let _ = limiter.check(key);
             }
             measure(threads, checks, |i| {
-                limiter.check(&(i % MANY_KEYS)).is_allowed()
+                limiter.check(&walk(&keys, i)).is_allowed()
             })
+        }
+        Bench::GovernorDirect | Bench::GovernorKeyed1000 | Bench::GovernorKeyedMillion => {
+            peers::run(bench, threads, checks, count)?
         }
         Bench::FixedWindow => {
             let window = FixedWindow::new(&quota).map_err(|e| e.to_string())?;
@@ -259,6 +303,77 @@ fn run_bench(bench: Bench, threads: usize, checks: u64) -> Result<Stats, String>
             measure(threads, checks, |_| bucket.allow_request(&0, 1.0))
         }
     })
+}
+
+/// `n` distinct keys in a random order, so a walk over them is not the
+/// insertion order.
+fn shuffled_keys(n: u64) -> Vec<u64> {
+    let mut state = 0x7475_726e_7374_696c_u64;
+    let mut next = move || {
+        // SplitMix64.
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let mut keys: Vec<u64> = (0..n).collect();
+    for i in (1..keys.len()).rev() {
+        let j = (next() % (i as u64 + 1)) as usize;
+        keys.swap(i, j);
+    }
+    keys
+}
+
+/// The key of check `i` in a keyed row.
+#[inline]
+fn walk(keys: &[u64], i: u64) -> u64 {
+    keys[(i.wrapping_mul(WALK_STRIDE) % keys.len() as u64) as usize]
+}
+
+/// The governor rows, with feature `peers`.
+#[cfg(feature = "peers")]
+mod peers {
+    use std::num::NonZeroU32;
+
+    use super::{measure, shuffled_keys, walk, Bench, Stats};
+
+    /// Measures a governor row: `count` per second, burst `count`.
+    pub(super) fn run(
+        bench: Bench,
+        threads: usize,
+        checks: u64,
+        count: u64,
+    ) -> Result<Stats, String> {
+        let rate = u32::try_from(count)
+            .ok()
+            .and_then(NonZeroU32::new)
+            .ok_or_else(|| format!("governor takes a quota count of 1 to {}", u32::MAX))?;
+        let quota = governor::Quota::per_second(rate);
+        if bench == Bench::GovernorDirect {
+            let limiter = governor::RateLimiter::direct(quota);
+            let _ = limiter.check();
+            return Ok(measure(threads, checks, |_| limiter.check().is_ok()));
+        }
+        let keys = shuffled_keys(bench.keys());
+        let limiter = governor::RateLimiter::dashmap_with_hasher(quota, ahash::RandomState::new());
+        for key in &keys {
+            let _ = limiter.check_key(key);
+        }
+        Ok(measure(threads, checks, |i| {
+            limiter.check_key(&walk(&keys, i)).is_ok()
+        }))
+    }
+}
+
+/// Without feature `peers`, the governor rows say how to get them.
+#[cfg(not(feature = "peers"))]
+mod peers {
+    use super::{Bench, Stats};
+
+    pub(super) fn run(_: Bench, _: usize, _: u64, _: u64) -> Result<Stats, String> {
+        Err("build with --features peers for governor's rows".to_owned())
+    }
 }
 
 /// The CPU's model name from `/proc/cpuinfo`, if there is one.
@@ -465,7 +580,11 @@ mod tests {
     fn every_row_runs_on_one_and_two_threads() {
         for bench in Bench::ALL {
             for threads in [1, 2] {
-                let stats = run_bench(bench, threads, 1_000).unwrap();
+                let stats = match run_bench(bench, threads, 1_000) {
+                    Ok(stats) => stats,
+                    Err(reason) if !cfg!(feature = "peers") && reason.contains("peers") => continue,
+                    Err(reason) => panic!("{bench:?}: {reason}"),
+                };
                 assert_eq!(stats.checks, 1_000, "{bench:?}");
                 assert!(stats.allowed <= 1_000, "{bench:?}");
                 let [p50, p95, p99, p999] = stats.percentiles;
@@ -486,6 +605,18 @@ mod tests {
     fn checks_are_split_across_threads_without_loss() {
         let stats = measure(3, 10, |i| i % 2 == 0);
         assert_eq!((stats.checks, stats.allowed), (10, 5));
+    }
+
+    #[test]
+    fn keyed_walks_visit_every_key() {
+        for n in [MANY_KEYS, MILLION_KEYS] {
+            let keys: Vec<u64> = (0..n).collect();
+            let mut seen = vec![false; n as usize];
+            for i in 0..n {
+                seen[walk(&keys, i) as usize] = true;
+            }
+            assert!(seen.iter().all(|&s| s), "{n} keys");
+        }
     }
 
     #[test]
