@@ -47,10 +47,12 @@
 //!
 //! Modes:
 //!
-//! - `allowed`: quota 1 per second with a burst of 4,000,000,000 (T = 1 s):
-//!   every check is allowed (no key is checked 4e9 times) and pushes its
-//!   key's arrival time a second ahead, so no bucket goes idle during the
-//!   run and every subject does a lookup plus an admitting update. The
+//! - `allowed`: quota 1 per 15 s with a burst of 1,000,000,000 (T = 15 s,
+//!   tau = 475 years, near the most a `u64` of nanoseconds holds): every
+//!   check is allowed (no key is checked 1e9 times) and pushes its key's
+//!   arrival time 15 s ahead, so no bucket goes idle during warming (a
+//!   million inserts take a second or two on a busy machine) or the run,
+//!   and every subject does a lookup plus an admitting update. The
 //!   extra subject `turnstile (1e9/s: idle keys evicted)` in the uniform
 //!   1,000,000-key groups runs a 1e9/s quota instead, under which a key is
 //!   idle a nanosecond after its check: housekeeping then sweeps those keys
@@ -90,7 +92,11 @@ mod keys;
 use keys::SplitMix;
 
 /// The burst of the `allowed` mode: more checks than any key gets in a run.
-const BURST: u32 = 4_000_000_000;
+const BURST: u32 = 1_000_000_000;
+
+/// The emission interval of the `allowed` mode: long enough that no key
+/// goes idle while a million others are warmed.
+const INTERVAL: Duration = Duration::from_secs(15);
 
 /// Whether the timed checks are allowed or denied.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -107,10 +113,11 @@ impl Mode {
         }
     }
 
-    /// Allowed: 1 per second, burst [`BURST`]. Denied: 1 per hour, burst 1.
+    /// Allowed: 1 per [`INTERVAL`], burst [`BURST`]. Denied: 1 per hour,
+    /// burst 1.
     fn quota(self) -> Quota {
         match self {
-            Mode::Allowed => Quota::per_second(1).and_then(|q| q.burst(u64::from(BURST))),
+            Mode::Allowed => Quota::with_period(INTERVAL).and_then(|q| q.burst(u64::from(BURST))),
             Mode::Denied => Quota::per_hour(1),
         }
         .expect("a valid quota")
@@ -121,7 +128,9 @@ impl Mode {
         match self {
             Mode::Allowed => {
                 let burst = NonZeroU32::new(BURST).expect("non-zero");
-                governor::Quota::per_second(NonZeroU32::MIN).allow_burst(burst)
+                governor::Quota::with_period(INTERVAL)
+                    .expect("a non-zero period")
+                    .allow_burst(burst)
             }
             Mode::Denied => governor::Quota::per_hour(NonZeroU32::MIN),
         }
@@ -130,7 +139,7 @@ impl Mode {
     /// The seeds' bucket with the same capacity and rate.
     fn seed<K: Hash + Eq>(self) -> SeedTokenBucket<K> {
         let (capacity, rate) = match self {
-            Mode::Allowed => (f64::from(BURST), 1.0),
+            Mode::Allowed => (f64::from(BURST), 1.0 / INTERVAL.as_secs_f64()),
             Mode::Denied => (1.0, 1.0 / 3600.0),
         };
         SeedTokenBucket::new(capacity, rate).expect("a valid capacity and rate")
