@@ -13,10 +13,6 @@ for target in $(cargo +nightly fuzz list); do
     echo "fuzz $target for ${seconds}s"
     log="$scratch/$target.log"
     flags=(-max_total_time="$seconds" -print_final_stats=1)
-    # keyed_ops builds a limiter per input; each thread keeps the epoch
-    # handles of its last few maps (src/map/pin.rs), which libFuzzer's
-    # per-input leak scan reports and slows to a crawl. Bounded by design.
-    [ "$target" = keyed_ops ] && flags+=(-detect_leaks=0)
     if ! cargo +nightly fuzz run "$target" "$scratch/$target" -- "${flags[@]}" >"$log" 2>&1; then
         tail -n 60 "$log"
         echo "fuzz target $target failed: see fuzz/artifacts/$target/" >&2
