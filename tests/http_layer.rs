@@ -17,6 +17,8 @@ use turnstile::http::{
 use turnstile::{Decision, KeyedLimiter, ManualClock, Quota};
 
 type Manual = KeyedLimiter<HttpKey, ManualClock>;
+/// Request headers as (name, raw bytes).
+type Headers<'a> = &'a [(&'a str, &'a [u8])];
 
 fn manual(quota: &str) -> (Manual, ManualClock) {
     let clock = ManualClock::new();
@@ -284,7 +286,7 @@ async fn bad_keys_are_refused_or_fall_back_never_panic() {
         .expect("layer");
     let url = serve(one_route(layer)).await;
     let long = [b'k'; 65];
-    let cases: [(&[(&str, &[u8])], &str); 4] = [
+    let cases: [(Headers, &str); 4] = [
         (&[], "missing header \"x-api-key\""),
         (&[("x-api-key", b"   ")], "missing header \"x-api-key\""),
         (

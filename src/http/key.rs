@@ -442,7 +442,7 @@ enum Source {
     Custom(Arc<ExtractFn>),
 }
 
-/// Takes the key from a request; see the [module docs](self) for the
+/// Takes the key from a request; see the [module docs](crate::http::key) for the
 /// extractors and the bad-key policy.
 ///
 /// ```

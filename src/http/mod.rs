@@ -69,7 +69,7 @@
 //! | the limiter failed | [`OnLimiterError`]: `503` by default, or passed on | problem+json | none |
 
 pub mod headers;
-mod key;
+pub mod key;
 mod layer;
 mod limiter;
 mod problem;
