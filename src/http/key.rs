@@ -289,11 +289,17 @@ impl ClientIp {
 
     /// Where the connection's peer address is found. For axum:
     ///
-    /// ```ignore
-    /// ClientIp::new().peer_addr_from(|ext| {
-    ///     ext.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0)
-    /// })
     /// ```
+    /// use std::net::SocketAddr;
+    /// use axum::extract::ConnectInfo;
+    /// use turnstile::http::ClientIp;
+    ///
+    /// let client_ip = ClientIp::new()
+    ///     .peer_addr_from(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0));
+    /// # let _ = client_ip;
+    /// ```
+    ///
+    /// and serve with `into_make_service_with_connect_info::<SocketAddr>()`.
     pub fn peer_addr_from(
         mut self,
         lookup: impl Fn(&Extensions) -> Option<SocketAddr> + Send + Sync + 'static,
