@@ -432,3 +432,121 @@ fn policy_names_that_cannot_be_headers_are_errors() {
         .to_string()
         .contains("cannot go in a RateLimit header"));
 }
+
+#[derive(Clone)]
+struct UserId(String);
+
+/// A stand-in for an authentication layer: `x-user` becomes a `UserId`.
+async fn fake_auth(
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if let Some(user) = request
+        .headers()
+        .get("x-user")
+        .and_then(|v| v.to_str().ok())
+    {
+        let user = UserId(user.to_owned());
+        request.extensions_mut().insert(user);
+    }
+    next.run(request).await
+}
+
+#[tokio::test]
+async fn user_ids_from_an_auth_layer_and_custom_keys() {
+    let (limiter, _) = manual("1/min");
+    let by_user = RateLimitLayer::builder(limiter)
+        .key(
+            KeyExtractor::extension(|user: &UserId| user.0.clone())
+                .on_bad_key(OnBadKey::Reject(StatusCode::UNAUTHORIZED)),
+        )
+        .build()
+        .expect("layer");
+    // The auth layer is outside (added last), so it runs first.
+    let app = one_route(by_user).layer(axum::middleware::from_fn(fake_auth));
+    let url = serve(app).await;
+    assert_eq!(status(&url, &[("x-user", b"alice")]).await, StatusCode::OK);
+    assert_eq!(status(&url, &[("x-user", b"bob")]).await, StatusCode::OK);
+    assert_eq!(
+        status(&url, &[("x-user", b"alice")]).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let (code, body) = problem(get_with(&url, &[]).await).await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+    let detail = body["detail"].as_str().expect("detail");
+    assert!(detail.starts_with("missing extension"), "{detail}");
+
+    // A custom closure: the tenant comes from the query string.
+    let (limiter, _) = manual("1/min");
+    let by_tenant = RateLimitLayer::builder(limiter)
+        .key(KeyExtractor::custom(|parts| {
+            match parts.uri.query().and_then(|q| q.strip_prefix("tenant=")) {
+                Some(tenant) if !tenant.is_empty() => Ok(HttpKey::new(tenant.to_owned())),
+                _ => Err(turnstile::http::KeyError::Rejected("no tenant".into())),
+            }
+        }))
+        .build()
+        .expect("layer");
+    let url = serve(one_route(by_tenant)).await;
+    assert_eq!(
+        status(&format!("{url}/?tenant=a"), &[]).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&format!("{url}/?tenant=b"), &[]).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&format!("{url}/?tenant=a"), &[]).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let (code, body) = problem(get_with(&format!("{url}/?x=1"), &[]).await).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert_eq!(body["detail"], "no tenant");
+}
+
+#[tokio::test]
+async fn a_direct_limiter_is_one_budget_and_an_arc_shares_one_across_routes() {
+    let clock = ManualClock::new();
+    let global = turnstile::DirectLimiter::with_clock("2/min".parse().expect("quota"), clock);
+    let layer = RateLimitLayer::builder(global)
+        .name("global")
+        .key(api_key())
+        .build()
+        .expect("layer");
+    let url = serve(one_route(layer)).await;
+    assert_eq!(status(&url, &[("x-api-key", b"a")]).await, StatusCode::OK);
+    assert_eq!(status(&url, &[("x-api-key", b"b")]).await, StatusCode::OK);
+    let denied = get_with(&url, &[("x-api-key", b"c")]).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&denied, "ratelimit-policy"),
+        Some("\"global\";q=2;w=60")
+    );
+    assert_eq!(header(&denied, "retry-after"), Some("30"));
+
+    let (shared, _) = manual("2/min");
+    let shared = std::sync::Arc::new(shared);
+    let layer = |name: &str| {
+        RateLimitLayer::builder(std::sync::Arc::clone(&shared))
+            .name(name)
+            .key(api_key())
+            .build()
+            .expect("layer")
+    };
+    let app = Router::new()
+        .route("/a", get(|| async { "a" }).layer(layer("a")))
+        .route("/b", get(|| async { "b" }).layer(layer("b")));
+    let url = serve(app).await;
+    let k: Headers = &[("x-api-key", b"k")];
+    assert_eq!(status(&format!("{url}/a"), k).await, StatusCode::OK);
+    assert_eq!(status(&format!("{url}/b"), k).await, StatusCode::OK);
+    assert_eq!(
+        status(&format!("{url}/a"), k).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        status(&format!("{url}/b"), k).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
