@@ -45,6 +45,21 @@ where
     started.elapsed().as_nanos() as f64 / f64::from(REQUESTS)
 }
 
+async fn ns_per_axum(mut router: axum::Router) -> f64 {
+    let started = Instant::now();
+    for _ in 0..REQUESTS {
+        let mut request = request().map(|()| axum::body::Body::empty());
+        *request.uri_mut() = http::Uri::from_static("/");
+        let ready = ServiceExt::<Request<axum::body::Body>>::ready(&mut router).await;
+        let response = match ready {
+            Ok(ready) => ready.call(request).await,
+            Err(never) => match never {},
+        };
+        let _ = black_box(response);
+    }
+    started.elapsed().as_nanos() as f64 / f64::from(REQUESTS)
+}
+
 fn layered(
     quota: &str,
 ) -> Result<RateLimitLayer<KeyedLimiter<HttpKey>>, Box<dyn std::error::Error>> {
@@ -64,6 +79,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bare = ns_per_request(inner).await;
     let allowed = ns_per_request(layered("1000000000/min")?.layer(inner)).await;
     let denied = ns_per_request(layered("1/h")?.layer(inner)).await;
+    let router = |limited: bool| -> Result<axum::Router, Box<dyn std::error::Error>> {
+        let handler = axum::routing::get(|| async { "ok" });
+        let handler = if limited {
+            handler.layer(layered("1000000000/min")?)
+        } else {
+            handler
+        };
+        Ok(axum::Router::new().route("/", handler))
+    };
+    let axum_bare = ns_per_axum(router(false)?).await;
+    let axum_allowed = ns_per_axum(router(true)?).await;
     println!("{REQUESTS} requests on one thread, ns per request:");
     println!("  without the layer      {bare:8.1}");
     println!(
@@ -71,5 +97,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         allowed - bare
     );
     println!("  with it, all refused   {denied:8.1}  (a 429 with a problem+json body)");
+    println!("an axum Router, in process:");
+    println!("  without the layer      {axum_bare:8.1}");
+    println!(
+        "  with it, all admitted  {axum_allowed:8.1}  (+{:.1})",
+        axum_allowed - axum_bare
+    );
     Ok(())
 }

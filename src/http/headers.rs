@@ -25,6 +25,7 @@
 use std::fmt::Write;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::HeaderMap;
 
@@ -95,7 +96,7 @@ impl HeaderSet {
             headers.insert(RATELIMIT_POLICY, policy.clone());
             let mut value = String::with_capacity(self.name.len() + 24);
             let _ = write!(value, "{};r={remaining};t={reset}", self.name);
-            if let Ok(value) = HeaderValue::from_str(&value) {
+            if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
                 headers.insert(RATELIMIT, value);
             }
         }

@@ -299,7 +299,7 @@ where
             Ok(key) => key,
             Err((status, error)) => {
                 shared.counters.bad_key.increment(1);
-                let response = problem::response(status, &error.to_string(), Default::default());
+                let response = problem::response(status, &error.to_string(), None);
                 return ResponseFuture::ready(shared, response);
             }
         };
@@ -408,7 +408,7 @@ where
                         return Poll::Ready(Ok(problem::response(
                             StatusCode::INTERNAL_SERVER_ERROR,
                             "rate limiter future polled after completion",
-                            Default::default(),
+                            None,
                         )));
                     };
                     let decision = match outcome {
@@ -427,9 +427,7 @@ where
                                 OnLimiterError::Reject(status) => {
                                     let detail = format!("rate limiter unavailable: {error}");
                                     return Poll::Ready(Ok(problem::response(
-                                        status,
-                                        &detail,
-                                        Default::default(),
+                                        status, &detail, None,
                                     )));
                                 }
                             }
@@ -452,7 +450,7 @@ where
                         problem::response(
                             StatusCode::INTERNAL_SERVER_ERROR,
                             "rate limiter future polled after completion",
-                            Default::default(),
+                            None,
                         )
                     })));
                 }
@@ -465,14 +463,15 @@ where
 /// The 429: problem+json, `Retry-After` and the rate-limit headers.
 fn too_many_requests<L, B: From<Bytes>>(shared: &Shared<L>, decision: &Decision) -> Response<B> {
     let retry = decision.retry_after().map_or(1, |d| ceil_secs(d).max(1));
-    let mut extra = serde_json::Map::new();
-    extra.insert("policy".into(), shared.name.clone().into());
-    extra.insert("retry_after".into(), retry.into());
     let detail = format!(
         "rate limit \"{}\" exceeded; retry after {retry} s",
         shared.name
     );
-    let mut response = problem::response(StatusCode::TOO_MANY_REQUESTS, &detail, extra);
+    let throttled = problem::Throttled {
+        policy: &shared.name,
+        retry_after: retry,
+    };
+    let mut response = problem::response(StatusCode::TOO_MANY_REQUESTS, &detail, Some(throttled));
     shared.headers.write(decision, response.headers_mut());
     response
 }
