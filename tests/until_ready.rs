@@ -86,6 +86,16 @@ async fn a_dropped_waiter_consumes_nothing() {
     let decision = limiter.check();
     assert!(decision.is_allowed(), "{decision:?}");
     assert!(limiter.check().is_denied());
+    // The other half: a waiter that takes a token completes in that same
+    // poll, so there is no suspended state in which dropping it would
+    // lose a token it holds.
+    tokio::time::sleep_until(clock.0 + Duration::from_millis(200)).await;
+    let mut waiter = Box::pin(limiter.until_ready());
+    let polled = futures_poll_once(waiter.as_mut()).await;
+    drop(waiter);
+    let decision = polled.expect("a waiter with a token due must complete in one poll");
+    assert!(decision.is_allowed());
+    assert!(limiter.check().is_denied(), "the token went to the waiter");
 }
 
 /// Polls a future once; `None` if it is pending.

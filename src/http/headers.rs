@@ -1,7 +1,7 @@
 //! Rate-limit response headers: `Retry-After`, the IETF draft's
 //! `RateLimit-Policy` and `RateLimit`, and the older `X-RateLimit-*` trio.
 //!
-//! The fields of draft-ietf-httpapi-ratelimit-headers (revision 10, 2025;
+//! The fields of draft-ietf-httpapi-ratelimit-headers (revisions 09 and 10;
 //! structured fields, RFC 9651):
 //!
 //! ```text
