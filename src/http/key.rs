@@ -84,6 +84,14 @@ impl fmt::Debug for HttpKey {
     }
 }
 
+/// So a limiter that takes `&impl AsRef<[u8]>` (a remote one) takes an
+/// `HttpKey` as is.
+impl AsRef<[u8]> for HttpKey {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 impl From<String> for HttpKey {
     fn from(s: String) -> Self {
         HttpKey(s.into())
