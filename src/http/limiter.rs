@@ -37,9 +37,10 @@ use crate::{Clock, Decision, DirectLimiter, Gcra, KeyedLimiter, Quota};
 ///     type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreDown>> + Send>>;
 ///
 ///     fn check(&self, key: &HttpKey) -> Self::Future {
-///         // Copy what the call needs (the key's bytes, a pool handle) into
-///         // the future: it must not borrow `self` or `key`.
-///         let _key: Vec<u8> = key.as_bytes().to_vec();
+///         // Move what the call needs (the key, a pool handle) into the
+///         // future: it must not borrow `self` or `key`. Cloning an
+///         // `HttpKey` bumps a reference count; it is `AsRef<[u8]>`.
+///         let _key: HttpKey = key.clone();
 ///         Box::pin(async move { Err(StoreDown) })
 ///     }
 ///
