@@ -17,14 +17,19 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 (cd fuzz && cargo fmt -- --check)
 
-step "cargo clippy (all targets, warnings are errors)"
+# Default features and every feature: code behind a feature gate must not
+# break the build without it, and the tower/tokio code is linted too.
+step "cargo clippy (all targets, default and all features, warnings are errors)"
 cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --workspace --all-targets --all-features -- -D warnings
 
-step "cargo doc (broken links are errors)"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+step "cargo doc (all features; broken links are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --quiet
 
-step "cargo test (unit, integration, doc tests; optimized, with debug assertions)"
-cargo test --workspace
+# --all-features runs the HTTP tests too (tests/http_*.rs: a real axum
+# server and reqwest client on 127.0.0.1, nothing to install).
+step "cargo test (unit, integration, doc tests, all features; optimized, with debug assertions)"
+cargo test --workspace --all-features
 
 step "loom models"
 scripts/loom.sh

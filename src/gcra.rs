@@ -37,6 +37,22 @@ impl Gcra {
         }
     }
 
+    /// The bucket this GCRA runs, as a quota: `burst` requests per the time
+    /// a bucket takes to refill from empty (`burst * T`). For
+    /// `"100/min"` that is `"100/min"` again; for `"10/s burst 20"` it is
+    /// `"20/2s"`, the same bucket.
+    ///
+    /// ```
+    /// use turnstile::{Gcra, Quota};
+    ///
+    /// let gcra = Gcra::new(&"100/min".parse()?);
+    /// assert_eq!(gcra.quota(), "100/min".parse::<Quota>()?);
+    /// # Ok::<(), turnstile::QuotaError>(())
+    /// ```
+    pub fn quota(&self) -> Quota {
+        Quota::of_bucket(self.burst, self.interval)
+    }
+
     /// The decision for a request of `cost` tokens at `now` on a bucket whose
     /// theoretical arrival time is `tat`: the whole algorithm as one pure
     /// function, for tests, fuzzing and your own models.

@@ -198,6 +198,12 @@ where
         &self.clock
     }
 
+    /// The algorithm this limiter runs (for a GCRA limiter,
+    /// [`Gcra::quota`] gives its quota back).
+    pub fn algorithm(&self) -> &A {
+        &self.algorithm
+    }
+
     #[inline]
     fn decide<Q, D>(&self, key: &Q, cost: u64, algorithm: &D) -> Decision
     where

@@ -32,6 +32,10 @@
 //! - [`Clock`]: where "now" comes from; [`ManualClock`] for tests.
 //! - [`algorithms`]: the fixed window, sliding-window counter and sliding log
 //!   beside GCRA, behind the same `Decision`.
+//! - `http` (feature `tower`): a tower `RateLimitLayer` with `429`,
+//!   `Retry-After`, the IETF RateLimit headers and metrics.
+//! - `until_ready` and `until_n_ready` (feature `tokio`): wait for a token
+//!   instead of being refused; see `Jitter`.
 //!
 //! # Semantics
 //!
@@ -69,11 +73,15 @@ mod decision;
 mod direct;
 mod error;
 mod gcra;
+#[cfg(feature = "tower")]
+pub mod http;
 pub mod keyed;
 mod map;
 mod quota;
 pub mod reference;
 mod sync;
+#[cfg(feature = "tokio")]
+mod wait;
 
 pub use algorithm::{Algorithm, Step, TOMBSTONE};
 pub use clock::{Clock, DefaultClock, ManualClock, MonotonicClock, QuantaClock, RecentClock};
@@ -83,6 +91,8 @@ pub use error::{CostError, QuotaError};
 pub use gcra::Gcra;
 pub use keyed::{KeyedLimiter, KeyedLimiterBuilder, OverflowPolicy};
 pub use quota::Quota;
+#[cfg(feature = "tokio")]
+pub use wait::Jitter;
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

@@ -102,6 +102,21 @@ impl Quota {
         Self::from_parts(self.count, self.period, burst)
     }
 
+    /// The quota of a bucket of `burst` tokens that refills one token per
+    /// `interval` nanoseconds: `burst` per `burst * interval`. Exact for
+    /// what GCRA keeps of a quota (the caller guarantees the product fits,
+    /// as every [`Gcra`](crate::Gcra) does).
+    pub(crate) fn of_bucket(burst: NonZeroU64, interval: NonZeroU64) -> Quota {
+        // Invariant kept: ceil(burst * interval / burst) == interval.
+        let period = burst.saturating_mul(interval);
+        Quota {
+            count: burst,
+            period,
+            burst,
+            interval,
+        }
+    }
+
     fn from_parts(
         count: NonZeroU64,
         period: NonZeroU64,

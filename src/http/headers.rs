@@ -1,0 +1,142 @@
+//! Rate-limit response headers: `Retry-After`, the IETF draft's
+//! `RateLimit-Policy` and `RateLimit`, and the older `X-RateLimit-*` trio.
+//!
+//! The fields of draft-ietf-httpapi-ratelimit-headers (revisions 09 and 10;
+//! structured fields, RFC 9651):
+//!
+//! ```text
+//! RateLimit-Policy: "api";q=100;w=60    the policy: q requests per w seconds
+//! RateLimit: "api";r=42;t=35            this client: r left, full again in t seconds
+//! ```
+//!
+//! How turnstile's numbers map onto them: `q` and `w` are the limiter's
+//! [`Quota`] (its count, and its period in seconds rounded up; for a GCRA
+//! limiter the bucket: `burst` requests per the time an empty bucket takes
+//! to refill); `r` is [`Decision::remaining`]; `t` is
+//! [`Decision::reset_after`] rounded up to whole seconds. On a denial,
+//! `Retry-After` is [`Decision::retry_after`] in delta-seconds, rounded
+//! **up** so that a client that waits exactly that long is admitted (and
+//! never `0`).
+//!
+//! The trio, when enabled: `X-RateLimit-Limit` is [`Decision::limit`],
+//! `X-RateLimit-Remaining` is `r`, `X-RateLimit-Reset` is `t` (seconds from
+//! now, not a Unix time).
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
+use http::HeaderMap;
+
+use crate::{Decision, Quota};
+
+/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers).
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `X-RateLimit-Limit`.
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining`.
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset`.
+pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// A duration in whole seconds, rounded up.
+pub fn ceil_secs(d: Duration) -> u64 {
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
+}
+
+/// A policy name as a structured-field string (`"api"`), or why it cannot
+/// be one: only printable ASCII is allowed; `"` and `\` are escaped.
+pub fn sf_string(name: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(name.len() + 2);
+    out.push('"');
+    for c in name.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => return Err(format!("{c:?} is not printable ASCII")),
+        }
+    }
+    out.push('"');
+    Ok(out)
+}
+
+/// Which headers a layer writes, precomputed for one policy.
+#[derive(Clone, Debug)]
+pub(crate) struct HeaderSet {
+    /// The quoted policy name.
+    name: String,
+    /// `RateLimit-Policy`, or `None` when the IETF fields are off.
+    policy: Option<HeaderValue>,
+    x_trio: bool,
+}
+
+impl HeaderSet {
+    /// `name` must already be an sf-string ([`sf_string`]).
+    pub(crate) fn new(name: String, quota: &Quota, ietf: bool, x_trio: bool) -> Self {
+        let window = ceil_secs(quota.period()).max(1);
+        let policy = format!("{name};q={};w={window}", quota.count());
+        HeaderSet {
+            policy: ietf.then(|| HeaderValue::from_str(&policy).ok()).flatten(),
+            name,
+            x_trio,
+        }
+    }
+
+    /// Writes the headers for `decision`; `Retry-After` too on a denial.
+    pub(crate) fn write(&self, decision: &Decision, headers: &mut HeaderMap) {
+        let remaining = decision.remaining();
+        let reset = ceil_secs(decision.reset_after());
+        if let Some(policy) = &self.policy {
+            headers.insert(RATELIMIT_POLICY, policy.clone());
+            let mut value = String::with_capacity(self.name.len() + 24);
+            let _ = write!(value, "{};r={remaining};t={reset}", self.name);
+            if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
+                headers.insert(RATELIMIT, value);
+            }
+        }
+        if self.x_trio {
+            headers.insert(X_RATELIMIT_LIMIT, decision.limit().into());
+            headers.insert(X_RATELIMIT_REMAINING, remaining.into());
+            headers.insert(X_RATELIMIT_RESET, reset.into());
+        }
+        if let Some(wait) = decision.retry_after() {
+            headers.insert(RETRY_AFTER, ceil_secs(wait).max(1).into());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_round_up() {
+        assert_eq!(ceil_secs(Duration::ZERO), 0);
+        assert_eq!(ceil_secs(Duration::from_nanos(1)), 1);
+        assert_eq!(ceil_secs(Duration::from_secs(5)), 5);
+        assert_eq!(ceil_secs(Duration::from_millis(5_001)), 6);
+        assert_eq!(ceil_secs(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn names_become_sf_strings() {
+        assert_eq!(sf_string("api").as_deref(), Ok("\"api\""));
+        assert_eq!(sf_string("a\"b\\c").as_deref(), Ok("\"a\\\"b\\\\c\""));
+        assert!(sf_string("caf\u{e9}").is_err());
+        assert!(sf_string("a\nb").is_err());
+    }
+
+    #[test]
+    fn policy_window_is_whole_seconds() {
+        let set = |q: &str| HeaderSet::new("\"p\"".into(), &q.parse().unwrap(), true, false);
+        assert_eq!(set("100/min").policy.unwrap(), "\"p\";q=100;w=60");
+        assert_eq!(set("3/1.5s").policy.unwrap(), "\"p\";q=3;w=2");
+        assert_eq!(set("10/ms").policy.unwrap(), "\"p\";q=10;w=1");
+    }
+}

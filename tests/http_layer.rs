@@ -1,0 +1,564 @@
+//! The tower layer behind a real axum server, asked by a real HTTP client
+//! over loopback: exact statuses, headers and bodies on a manual clock.
+#![cfg(feature = "tower")]
+
+use std::future::{ready, Ready};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use axum::Router;
+use http::{HeaderName, StatusCode};
+use reqwest::header::HeaderValue;
+use turnstile::http::{
+    ClientIp, HttpKey, KeyExtractor, Limiter, OnBadKey, OnLimiterError, RateLimitLayer,
+};
+use turnstile::{Decision, KeyedLimiter, ManualClock, Quota};
+
+type Manual = KeyedLimiter<HttpKey, ManualClock>;
+/// Request headers as (name, raw bytes).
+type Headers<'a> = &'a [(&'a str, &'a [u8])];
+
+fn manual(quota: &str) -> (Manual, ManualClock) {
+    let clock = ManualClock::new();
+    let quota: Quota = quota.parse().expect("quota");
+    (
+        KeyedLimiter::builder(quota).clock(clock.clone()).build(),
+        clock,
+    )
+}
+
+/// axum gives the peer address as `ConnectInfo`.
+fn axum_peer() -> ClientIp {
+    ClientIp::new().peer_addr_from(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0))
+}
+
+fn api_key() -> KeyExtractor {
+    KeyExtractor::header(HeaderName::from_static("x-api-key")).client_ip(axum_peer())
+}
+
+async fn serve(app: Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .expect("serve");
+    });
+    format!("http://{addr}")
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+}
+
+fn header<'r>(response: &'r reqwest::Response, name: &str) -> Option<&'r str> {
+    response
+        .headers()
+        .get(name)
+        .map(|v| v.to_str().expect("ASCII"))
+}
+
+async fn get_with(url: &str, headers: &[(&str, &[u8])]) -> reqwest::Response {
+    let mut request = client().get(url);
+    for (name, value) in headers {
+        request = request.header(*name, HeaderValue::from_bytes(value).expect("value"));
+    }
+    request.send().await.expect("send")
+}
+
+fn one_route<L: Limiter>(layer: RateLimitLayer<L>) -> Router {
+    Router::new().route("/", get(|| async { "hello" }).layer(layer))
+}
+
+#[tokio::test]
+async fn allowed_and_denied_answers_carry_exact_headers() {
+    let (limiter, clock) = manual("3/min");
+    let layer = RateLimitLayer::builder(limiter)
+        .name("api")
+        .key(api_key())
+        .x_ratelimit_headers(true)
+        .build()
+        .expect("layer");
+    let url = serve(one_route(layer)).await;
+    let k1: &[(&str, &[u8])] = &[("x-api-key", b"k1")];
+
+    // 3/min: one token per 20 s, a bucket of 3 (60 s).
+    for (remaining, reset) in [(2, 20), (1, 40), (0, 60)] {
+        let response = get_with(&url, k1).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            header(&response, "ratelimit-policy"),
+            Some("\"api\";q=3;w=60")
+        );
+        let rate = format!("\"api\";r={remaining};t={reset}");
+        assert_eq!(header(&response, "ratelimit"), Some(rate.as_str()));
+        assert_eq!(header(&response, "x-ratelimit-limit"), Some("3"));
+        let remaining = remaining.to_string();
+        assert_eq!(
+            header(&response, "x-ratelimit-remaining"),
+            Some(remaining.as_str())
+        );
+        let reset = reset.to_string();
+        assert_eq!(header(&response, "x-ratelimit-reset"), Some(reset.as_str()));
+        assert_eq!(header(&response, "retry-after"), None);
+        assert_eq!(response.text().await.expect("body"), "hello");
+    }
+
+    let denied = get_with(&url, k1).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&denied, "retry-after"), Some("20"));
+    assert_eq!(header(&denied, "ratelimit"), Some("\"api\";r=0;t=60"));
+    assert_eq!(
+        header(&denied, "ratelimit-policy"),
+        Some("\"api\";q=3;w=60")
+    );
+    assert_eq!(header(&denied, "x-ratelimit-remaining"), Some("0"));
+    assert_eq!(
+        header(&denied, "content-type"),
+        Some("application/problem+json")
+    );
+    let body: serde_json::Value = denied.json().await.expect("json");
+    assert_eq!(
+        body,
+        serde_json::json!({
+            "type": "about:blank",
+            "title": "Too Many Requests",
+            "status": 429,
+            "detail": "rate limit \"api\" exceeded; retry after 20 s",
+            "policy": "api",
+            "retry_after": 20,
+        })
+    );
+
+    // Another key has its own bucket.
+    let other = get_with(&url, &[("x-api-key", b"k2")]).await;
+    assert_eq!(other.status(), StatusCode::OK);
+    assert_eq!(header(&other, "ratelimit"), Some("\"api\";r=2;t=20"));
+
+    // Half a second short of the wait: Retry-After rounds up, to 1, not 0.
+    clock.advance(Duration::from_millis(19_500));
+    let almost = get_with(&url, k1).await;
+    assert_eq!(almost.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&almost, "retry-after"), Some("1"));
+    assert_eq!(header(&almost, "ratelimit"), Some("\"api\";r=0;t=41"));
+
+    // Waiting exactly what Retry-After said is enough.
+    clock.advance(Duration::from_millis(500));
+    let again = get_with(&url, k1).await;
+    assert_eq!(again.status(), StatusCode::OK);
+    assert_eq!(header(&again, "ratelimit"), Some("\"api\";r=0;t=60"));
+}
+
+#[tokio::test]
+async fn each_route_has_its_own_layer_and_quota() {
+    let (login, _) = manual("5/min");
+    let (api, _) = manual("100/min");
+    let login = RateLimitLayer::builder(login)
+        .name("login")
+        .key(KeyExtractor::peer_ip().client_ip(axum_peer()))
+        .build()
+        .expect("login layer");
+    let api = RateLimitLayer::builder(api)
+        .name("api")
+        .key(api_key())
+        .build()
+        .expect("api layer");
+    let app = Router::new()
+        .route("/login", get(|| async { "welcome" }).layer(login))
+        .route("/api", get(|| async { "data" }).layer(api))
+        .route("/health", get(|| async { "ok" }));
+    let url = serve(app).await;
+
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(get_with(&format!("{url}/login"), &[]).await.status());
+    }
+    assert_eq!(statuses[..5], [StatusCode::OK; 5]);
+    assert_eq!(statuses[5], StatusCode::TOO_MANY_REQUESTS);
+
+    let api = get_with(&format!("{url}/api"), &[("x-api-key", b"k1")]).await;
+    assert_eq!(api.status(), StatusCode::OK);
+    assert_eq!(header(&api, "ratelimit-policy"), Some("\"api\";q=100;w=60"));
+    assert_eq!(header(&api, "ratelimit"), Some("\"api\";r=99;t=1"));
+
+    let health = get_with(&format!("{url}/health"), &[]).await;
+    assert_eq!(health.status(), StatusCode::OK);
+    assert_eq!(header(&health, "ratelimit"), None);
+}
+
+/// A server keyed by client address, 1 request a minute, trusting `trust`.
+async fn by_ip(trust: &str, ipv6_prefix: u8, on_bad_key: OnBadKey) -> String {
+    let (limiter, _) = manual("1/min");
+    let client_ip = axum_peer()
+        .trust([trust.parse().expect("net")])
+        .ipv6_prefix(ipv6_prefix);
+    let layer = RateLimitLayer::builder(limiter)
+        .key(
+            KeyExtractor::peer_ip()
+                .client_ip(client_ip)
+                .on_bad_key(on_bad_key),
+        )
+        .build()
+        .expect("layer");
+    serve(one_route(layer)).await
+}
+
+async fn status(url: &str, headers: &[(&str, &[u8])]) -> StatusCode {
+    get_with(url, headers).await.status()
+}
+
+/// Sends the requests in order; each must get its status.
+async fn expect_statuses(url: &str, requests: &[(Headers<'_>, StatusCode)]) {
+    for (i, (headers, want)) in requests.iter().enumerate() {
+        assert_eq!(
+            status(url, headers).await,
+            *want,
+            "request {i}: {headers:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn forwarded_headers_count_only_from_trusted_proxies() {
+    const OK: StatusCode = StatusCode::OK;
+    const DENIED: StatusCode = StatusCode::TOO_MANY_REQUESTS;
+    let a: &[(&str, &[u8])] = &[("x-forwarded-for", b"198.51.100.1")];
+    let b: &[(&str, &[u8])] = &[("x-forwarded-for", b"198.51.100.2")];
+    let c: &[(&str, &[u8])] = &[("forwarded", b"for=198.51.100.3;proto=http")];
+
+    // Loopback is a trusted proxy here: each forwarded client has a bucket.
+    let trusted = by_ip("127.0.0.0/8", 64, OnBadKey::default()).await;
+    assert_eq!(status(&trusted, a).await, OK);
+    assert_eq!(status(&trusted, b).await, OK);
+    assert_eq!(status(&trusted, c).await, OK);
+    assert_eq!(status(&trusted, a).await, DENIED);
+    // No header: the proxy's own address.
+    assert_eq!(status(&trusted, &[]).await, OK);
+    assert_eq!(status(&trusted, &[]).await, DENIED);
+
+    // Loopback is not trusted: the headers are ignored, all is 127.0.0.1.
+    let untrusted = by_ip("10.0.0.0/8", 64, OnBadKey::default()).await;
+    assert_eq!(status(&untrusted, a).await, OK);
+    assert_eq!(status(&untrusted, b).await, DENIED);
+    assert_eq!(status(&untrusted, c).await, DENIED);
+    assert_eq!(status(&untrusted, &[]).await, DENIED);
+}
+
+#[tokio::test]
+async fn ipv6_clients_share_a_bucket_per_prefix() {
+    const OK: StatusCode = StatusCode::OK;
+    const DENIED: StatusCode = StatusCode::TOO_MANY_REQUESTS;
+    let xff = |v: &'static [u8]| [("x-forwarded-for", v)];
+
+    let per_64 = by_ip("127.0.0.0/8", 64, OnBadKey::default()).await;
+    assert_eq!(status(&per_64, &xff(b"2001:db8:1:2::1")).await, OK);
+    // Same /64: the same bucket, whatever the interface id.
+    assert_eq!(status(&per_64, &xff(b"2001:db8:1:2:ffff::9")).await, DENIED);
+    assert_eq!(
+        status(&per_64, &xff(b"[2001:db8:1:2::7]:443")).await,
+        DENIED
+    );
+    // Next /64: its own.
+    assert_eq!(status(&per_64, &xff(b"2001:db8:1:3::1")).await, OK);
+
+    let per_128 = by_ip("127.0.0.0/8", 128, OnBadKey::default()).await;
+    assert_eq!(status(&per_128, &xff(b"2001:db8:1:2::1")).await, OK);
+    assert_eq!(status(&per_128, &xff(b"2001:db8:1:2::2")).await, OK);
+    assert_eq!(status(&per_128, &xff(b"2001:db8:1:2::1")).await, DENIED);
+}
+
+async fn problem(response: reqwest::Response) -> (StatusCode, serde_json::Value) {
+    let status = response.status();
+    assert_eq!(
+        header(&response, "content-type"),
+        Some("application/problem+json")
+    );
+    (status, response.json().await.expect("json"))
+}
+
+#[tokio::test]
+async fn bad_keys_are_refused_or_fall_back_never_panic() {
+    let (limiter, _) = manual("1/min");
+    let layer = RateLimitLayer::builder(limiter)
+        .name("api")
+        .key(api_key().max_len(64))
+        .build()
+        .expect("layer");
+    let url = serve(one_route(layer)).await;
+    let long = [b'k'; 65];
+    let cases: [(Headers, &str); 4] = [
+        (&[], "missing header \"x-api-key\""),
+        (&[("x-api-key", b"   ")], "missing header \"x-api-key\""),
+        (
+            &[("x-api-key", b"k\xe9y")],
+            "header \"x-api-key\" is not visible ASCII text",
+        ),
+        (
+            &[("x-api-key", &long)],
+            "header \"x-api-key\" is 65 bytes long, more than the 64 accepted",
+        ),
+    ];
+    for (headers, detail) in cases {
+        let (status, body) = problem(get_with(&url, headers).await).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{detail}");
+        assert_eq!(body["status"], 400);
+        assert_eq!(body["title"], "Bad Request");
+        assert_eq!(body["detail"], detail);
+    }
+
+    // Fallback: a request without a key counts against its address.
+    let (limiter, _) = manual("1/min");
+    let layer = RateLimitLayer::builder(limiter)
+        .key(api_key().on_bad_key(OnBadKey::PeerIp))
+        .build()
+        .expect("layer");
+    let url = serve(one_route(layer)).await;
+    expect_statuses(
+        &url,
+        &[
+            (&[], StatusCode::OK),
+            (&[("x-api-key", b"k\xe9y")], StatusCode::TOO_MANY_REQUESTS),
+            (&[("x-api-key", b"good")], StatusCode::OK),
+        ],
+    )
+    .await;
+
+    // A garbage forwarded header from a trusted proxy: refused...
+    let garbage: &[&[u8]] = &[
+        b"not an address",
+        b"unknown",
+        b"1.2.3.4:99999",
+        b"\xff",
+        b",",
+    ];
+    let strict = by_ip("127.0.0.0/8", 64, OnBadKey::default()).await;
+    for value in garbage {
+        let (status, body) = problem(get_with(&strict, &[("x-forwarded-for", value)]).await).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{value:?}");
+        let detail = body["detail"].as_str().expect("detail");
+        assert!(
+            detail.starts_with("unreadable x-forwarded-for header"),
+            "{detail}"
+        );
+    }
+    let rfc = get_with(&strict, &[("forwarded", b"for=_secret")]).await;
+    assert_eq!(rfc.status(), StatusCode::BAD_REQUEST);
+    // ... or, with the fallback, counted against the proxy's own address.
+    let lenient = by_ip("127.0.0.0/8", 64, OnBadKey::PeerIp).await;
+    let junk: Headers = &[("x-forwarded-for", b"junk")];
+    expect_statuses(
+        &lenient,
+        &[
+            (junk, StatusCode::OK),
+            (junk, StatusCode::TOO_MANY_REQUESTS),
+            (&[], StatusCode::TOO_MANY_REQUESTS),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_server_without_peer_addresses_gets_500() {
+    let (limiter, _) = manual("1/min");
+    let layer = RateLimitLayer::builder(limiter)
+        .key(KeyExtractor::peer_ip().on_bad_key(OnBadKey::PeerIp))
+        .build()
+        .expect("layer");
+    // Served without connect info, and ClientIp not told where to look.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, one_route(layer)).await });
+    let (status, body) = problem(get_with(&url, &[]).await).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    let detail = body["detail"].as_str().expect("detail");
+    assert!(detail.contains("cannot see the peer address"), "{detail}");
+}
+
+/// A limiter whose store is always down.
+struct Down;
+
+#[derive(Debug, thiserror::Error)]
+#[error("store unreachable")]
+struct StoreDown;
+
+impl Limiter for Down {
+    type Error = StoreDown;
+    type Future = Ready<Result<Decision, StoreDown>>;
+
+    fn check(&self, _key: &HttpKey) -> Self::Future {
+        ready(Err(StoreDown))
+    }
+
+    fn quota(&self) -> Quota {
+        Quota::per_minute(10).expect("quota")
+    }
+}
+
+#[tokio::test]
+async fn a_failing_limiter_follows_the_failure_policy() {
+    let closed = RateLimitLayer::builder(Down)
+        .key(api_key())
+        .build()
+        .expect("layer");
+    let url = serve(one_route(closed)).await;
+    let (status, body) = problem(get_with(&url, &[("x-api-key", b"k")]).await).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        body["detail"],
+        "rate limiter unavailable: store unreachable"
+    );
+
+    let open = RateLimitLayer::builder(Down)
+        .key(api_key())
+        .on_limiter_error(OnLimiterError::Allow)
+        .build()
+        .expect("layer");
+    let url = serve(one_route(open)).await;
+    let response = get_with(&url, &[("x-api-key", b"k")]).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(header(&response, "ratelimit"), None);
+    assert_eq!(response.text().await.expect("body"), "hello");
+}
+
+#[test]
+fn policy_names_that_cannot_be_headers_are_errors() {
+    let (limiter, _) = manual("1/min");
+    let error = RateLimitLayer::builder(limiter)
+        .name("caf\u{e9}")
+        .build()
+        .expect_err("non-ASCII name");
+    assert!(error
+        .to_string()
+        .contains("cannot go in a RateLimit header"));
+}
+
+#[derive(Clone)]
+struct UserId(String);
+
+/// A stand-in for an authentication layer: `x-user` becomes a `UserId`.
+async fn fake_auth(
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if let Some(user) = request
+        .headers()
+        .get("x-user")
+        .and_then(|v| v.to_str().ok())
+    {
+        let user = UserId(user.to_owned());
+        request.extensions_mut().insert(user);
+    }
+    next.run(request).await
+}
+
+#[tokio::test]
+async fn user_ids_from_an_auth_layer_and_custom_keys() {
+    let (limiter, _) = manual("1/min");
+    let by_user = RateLimitLayer::builder(limiter)
+        .key(
+            KeyExtractor::extension(|user: &UserId| user.0.clone())
+                .on_bad_key(OnBadKey::Reject(StatusCode::UNAUTHORIZED)),
+        )
+        .build()
+        .expect("layer");
+    // The auth layer is outside (added last), so it runs first.
+    let app = one_route(by_user).layer(axum::middleware::from_fn(fake_auth));
+    let url = serve(app).await;
+    assert_eq!(status(&url, &[("x-user", b"alice")]).await, StatusCode::OK);
+    assert_eq!(status(&url, &[("x-user", b"bob")]).await, StatusCode::OK);
+    assert_eq!(
+        status(&url, &[("x-user", b"alice")]).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let (code, body) = problem(get_with(&url, &[]).await).await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+    let detail = body["detail"].as_str().expect("detail");
+    assert!(detail.starts_with("missing extension"), "{detail}");
+
+    // A custom closure: the tenant comes from the query string.
+    let (limiter, _) = manual("1/min");
+    let by_tenant = RateLimitLayer::builder(limiter)
+        .key(KeyExtractor::custom(|parts| {
+            match parts.uri.query().and_then(|q| q.strip_prefix("tenant=")) {
+                Some(tenant) if !tenant.is_empty() => Ok(HttpKey::new(tenant.to_owned())),
+                _ => Err(turnstile::http::KeyError::Rejected("no tenant".into())),
+            }
+        }))
+        .build()
+        .expect("layer");
+    let url = serve(one_route(by_tenant)).await;
+    assert_eq!(
+        status(&format!("{url}/?tenant=a"), &[]).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&format!("{url}/?tenant=b"), &[]).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&format!("{url}/?tenant=a"), &[]).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let (code, body) = problem(get_with(&format!("{url}/?x=1"), &[]).await).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert_eq!(body["detail"], "no tenant");
+}
+
+#[tokio::test]
+async fn a_direct_limiter_is_one_budget_and_an_arc_shares_one_across_routes() {
+    let clock = ManualClock::new();
+    let global = turnstile::DirectLimiter::with_clock("2/min".parse().expect("quota"), clock);
+    let layer = RateLimitLayer::builder(global)
+        .name("global")
+        .key(api_key())
+        .build()
+        .expect("layer");
+    let url = serve(one_route(layer)).await;
+    assert_eq!(status(&url, &[("x-api-key", b"a")]).await, StatusCode::OK);
+    assert_eq!(status(&url, &[("x-api-key", b"b")]).await, StatusCode::OK);
+    let denied = get_with(&url, &[("x-api-key", b"c")]).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&denied, "ratelimit-policy"),
+        Some("\"global\";q=2;w=60")
+    );
+    assert_eq!(header(&denied, "retry-after"), Some("30"));
+
+    let (shared, _) = manual("2/min");
+    let shared = std::sync::Arc::new(shared);
+    let layer = |name: &str| {
+        RateLimitLayer::builder(std::sync::Arc::clone(&shared))
+            .name(name)
+            .key(api_key())
+            .build()
+            .expect("layer")
+    };
+    let app = Router::new()
+        .route("/a", get(|| async { "a" }).layer(layer("a")))
+        .route("/b", get(|| async { "b" }).layer(layer("b")));
+    let url = serve(app).await;
+    let k: Headers = &[("x-api-key", b"k")];
+    assert_eq!(status(&format!("{url}/a"), k).await, StatusCode::OK);
+    assert_eq!(status(&format!("{url}/b"), k).await, StatusCode::OK);
+    assert_eq!(
+        status(&format!("{url}/a"), k).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        status(&format!("{url}/b"), k).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
