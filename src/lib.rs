@@ -32,6 +32,9 @@
 //! - [`Clock`]: where "now" comes from; [`ManualClock`] for tests.
 //! - [`algorithms`]: the fixed window, sliding-window counter and sliding log
 //!   beside GCRA, behind the same `Decision`.
+//! - `redis::RedisLimiter` (feature `redis`): the same quotas and decisions
+//!   from a shared Redis, for fleets of gateways, with a timeout, a circuit
+//!   breaker, a failure policy, leases and metrics.
 //!
 //! # Semantics
 //!
@@ -72,6 +75,8 @@ mod gcra;
 pub mod keyed;
 mod map;
 mod quota;
+#[cfg(feature = "redis")]
+pub mod redis;
 pub mod reference;
 mod sync;
 

@@ -1,0 +1,75 @@
+//! What a check answers when Redis cannot: the user's choice.
+//!
+//! The seeds name the choice: failing open protects availability, failing
+//! closed suits sensitive endpoints such as login, and "a common compromise
+//! is a local in-memory limiter as a fallback". The policy decides a
+//! request when the Redis call failed, timed out, or was not made because
+//! the circuit breaker is open; [`MetricsSnapshot::fallback_decisions`]
+//! counts how often.
+//!
+//! [`MetricsSnapshot::fallback_decisions`]: super::MetricsSnapshot::fallback_decisions
+
+use std::fmt;
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+use crate::{CostError, Decision, KeyedLimiter};
+
+/// What a check answers when Redis cannot decide.
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// Allow every request (availability first). The decision reports no
+    /// remaining tokens and no reset time: they are unknown.
+    FailOpen,
+    /// Deny every request (protection first). The decision's `retry_after`
+    /// is the time until the circuit breaker next tries Redis (at least the
+    /// call timeout).
+    FailClosed,
+    /// Decide with this in-process limiter, one bucket per key: each
+    /// gateway enforces the quota you give it on its own. A common choice is
+    /// the fleet's quota divided by the number of gateways, so the fleet as
+    /// a whole stays near its limit while Redis is away.
+    Local(KeyedLimiter<Vec<u8>>),
+}
+
+impl fmt::Debug for FailurePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FailurePolicy::FailOpen => f.write_str("FailOpen"),
+            FailurePolicy::FailClosed => f.write_str("FailClosed"),
+            FailurePolicy::Local(limiter) => f.debug_tuple("Local").field(limiter).finish(),
+        }
+    }
+}
+
+impl FailurePolicy {
+    /// The fallback decision for `n` tokens of `key`, for a quota of burst
+    /// `limit` and interval `interval`; `retry_in` is when Redis will next
+    /// be tried.
+    pub(crate) fn decide(
+        &self,
+        key: &[u8],
+        n: u64,
+        limit: u64,
+        interval: NonZeroU64,
+        retry_in: Duration,
+    ) -> Result<Decision, CostError> {
+        match self {
+            FailurePolicy::FailOpen => Ok(Decision::allowed(limit, 0, interval, 0)),
+            FailurePolicy::FailClosed => {
+                let retry = u64::try_from(retry_in.as_nanos()).unwrap_or(u64::MAX);
+                Ok(Decision::denied(limit, 0, interval, 0, retry))
+            }
+            FailurePolicy::Local(limiter) => limiter.check_n(key, n),
+        }
+    }
+
+    /// A short name for reports ("fail-open", "fail-closed", "local").
+    pub fn name(&self) -> &'static str {
+        match self {
+            FailurePolicy::FailOpen => "fail-open",
+            FailurePolicy::FailClosed => "fail-closed",
+            FailurePolicy::Local(_) => "local",
+        }
+    }
+}
