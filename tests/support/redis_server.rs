@@ -29,10 +29,8 @@ struct TempDir(PathBuf);
 impl TempDir {
     fn new(what: &str) -> io::Result<TempDir> {
         let n = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!(
-            "turnstile-{what}-{}-{n}",
-            std::process::id()
-        ));
+        let path =
+            std::env::temp_dir().join(format!("turnstile-{what}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path)?;
         Ok(TempDir(path))
@@ -126,7 +124,9 @@ impl RedisServer {
             .map_err(|e| {
                 io::Error::new(
                     e.kind(),
-                    format!("cannot run redis-server ({e}): install it (apt-get install redis-server)"),
+                    format!(
+                        "cannot run redis-server ({e}): install it (apt-get install redis-server)"
+                    ),
                 )
             })?;
         self.child = Some(child);
@@ -229,7 +229,9 @@ impl RedisCluster {
             }
             thread::sleep(Duration::from_millis(100));
         }
-        Err(io::Error::other("the cluster did not reach cluster_state:ok"))
+        Err(io::Error::other(
+            "the cluster did not reach cluster_state:ok",
+        ))
     }
 
     /// `redis://127.0.0.1:port` of each master.
