@@ -24,6 +24,17 @@
 //!
 //! The script, and why it counts microseconds: [`script`].
 //!
+//! # A timeout is not a rollback
+//!
+//! A call that times out was sent: if Redis was only slow (or paused), it
+//! still runs the script when it gets to it and takes the tokens, while the
+//! failure policy has already answered. Such a request is counted by Redis
+//! and decided by the policy: under `FailClosed` a denied request may still
+//! cost a token, under `FailOpen` an allowed one is charged late. Redis
+//! never admits more than the quota through this; the fleet may see
+//! slightly fewer admissions after a stall (`tests/redis_failure.rs` shows
+//! it with a server paused by SIGSTOP).
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use turnstile::redis::{FailurePolicy, RedisLimiter};
