@@ -16,6 +16,9 @@ use std::time::Duration;
 use crate::{CostError, Decision, KeyedLimiter};
 
 /// What a check answers when Redis cannot decide.
+// One policy per limiter, built once and never moved on a hot path: boxing
+// the local limiter would only make users write `Box::new`.
+#[allow(clippy::large_enum_variant)]
 #[non_exhaustive]
 pub enum FailurePolicy {
     /// Allow every request (availability first). The decision reports no

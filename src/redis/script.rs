@@ -26,7 +26,7 @@
 //! # The script
 //!
 //! `gcra.lua` reads `TAT` with `GET`, computes exactly what
-//! [`Gcra`](crate::Gcra) computes, stores the new `TAT` and sets `PEXPIRE`
+//! [`Gcra`] computes, stores the new `TAT` and sets `PEXPIRE`
 //! to the bucket's reset time (when the bucket is full again, a missing key
 //! decides the same, so idle users cost Redis nothing). It takes one key and
 //! every value through `KEYS`/`ARGV` (no string building), so it runs on
@@ -34,7 +34,7 @@
 //! (the redis crate's [`Script`]).
 //!
 //! The reply is `{granted, TAT before, now}`; the [`Decision`] is then
-//! worked out in Rust by [`Gcra`](crate::Gcra) itself on those numbers
+//! worked out in Rust by [`Gcra`] itself on those numbers
 //! (scaled to nanoseconds), so Redis decisions carry the same figures as
 //! local ones, and a reply that disagrees with the pure function is
 //! reported as a bad reply rather than trusted.
