@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use redis_server::{redis_cli, RedisServer};
 use turnstile::redis::{
-    HashTag, RedisBuildError, RedisLimitError, RedisLimiter, TimeSource, MAX_KEY_BYTES,
+    HashTag, RedisBuildError, RedisLimitError, RedisLimiter, RedisLimiterBuilder, TimeSource,
+    MAX_KEY_BYTES,
 };
 use turnstile::{CostError, DirectLimiter, ManualClock, Quota};
 
@@ -21,21 +22,35 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-/// A limiter on `server` running on `clock` (client time), under its own
-/// prefix so tests never share buckets.
+/// A builder for `server`, under its own prefix so tests never share
+/// buckets, with a timeout no loaded machine reaches.
+fn on(server: &RedisServer, quota: Quota, prefix: &str) -> RedisLimiterBuilder {
+    RedisLimiter::builder(quota)
+        .url(server.url())
+        .prefix(prefix)
+        .timeout(Duration::from_secs(2))
+}
+
+/// A limiter on `server` running on `clock` (client time).
 async fn on_clock(
     server: &RedisServer,
     quota: Quota,
     clock: &ManualClock,
     prefix: &str,
 ) -> Result<RedisLimiter, RedisBuildError> {
-    RedisLimiter::builder(quota)
-        .url(server.url())
-        .prefix(prefix)
-        .timeout(Duration::from_secs(2))
+    on(server, quota, prefix)
         .time_source(TimeSource::Client(Arc::new(clock.clone())))
         .build()
         .await
+}
+
+/// A limiter on `server` on the server's clock.
+async fn on_server(
+    server: &RedisServer,
+    quota: Quota,
+    prefix: &str,
+) -> Result<RedisLimiter, RedisBuildError> {
+    on(server, quota, prefix).build().await
 }
 
 /// Runs `(advance_ms, requests)` steps on Redis and on a local
@@ -122,12 +137,7 @@ async fn costs_and_retry_after_match_the_local_gcra() -> TestResult {
 async fn server_time_burst_then_denial_and_pexpire_to_the_reset_time() -> TestResult {
     let server = RedisServer::start()?;
     // 1 per minute, burst 5: nothing refills during the test.
-    let limiter = RedisLimiter::builder(Quota::per_minute(1)?.burst(5)?)
-        .url(server.url())
-        .prefix("srv:")
-        .timeout(Duration::from_secs(2))
-        .build()
-        .await?;
+    let limiter = on_server(&server, Quota::per_minute(1)?.burst(5)?, "srv:").await?;
     let mut allowed = 0;
     for _ in 0..7 {
         allowed += u32::from(limiter.check("u").await?.is_allowed());
@@ -160,10 +170,7 @@ async fn server_time_burst_then_denial_and_pexpire_to_the_reset_time() -> TestRe
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_script_is_reloaded_after_script_flush() -> TestResult {
     let server = RedisServer::start()?;
-    let limiter = RedisLimiter::builder(Quota::per_minute(10)?)
-        .url(server.url())
-        .build()
-        .await?;
+    let limiter = on_server(&server, Quota::per_minute(10)?, "flush:").await?;
     assert_eq!(limiter.check("a").await?.remaining(), 9);
     assert_eq!(redis_cli(server.port(), &["SCRIPT", "FLUSH"])?.trim(), "OK");
     assert_eq!(limiter.check("a").await?.remaining(), 8);
@@ -205,10 +212,7 @@ async fn keys_are_binary_safe_and_prefixed_and_hash_tagged() -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_typed_errors_and_sends_nothing() -> TestResult {
     let server = RedisServer::start()?;
-    let limiter = RedisLimiter::builder(Quota::per_minute(10)?)
-        .url(server.url())
-        .build()
-        .await?;
+    let limiter = on_server(&server, Quota::per_minute(10)?, "bad:").await?;
     assert_eq!(limiter.check("").await, Err(RedisLimitError::EmptyKey));
     let too_long = vec![b'x'; MAX_KEY_BYTES + 1];
     assert_eq!(

@@ -206,6 +206,16 @@ mod tests {
         )
     }
 
+    /// A breaker opened by 3 failures at the returned instant.
+    fn opened() -> (Breaker, Instant) {
+        let (b, t0) = (breaker(), Instant::now());
+        for _ in 0..3 {
+            let _ = b.on_failure(t0);
+        }
+        assert_eq!(b.state(t0), BreakerState::Open);
+        (b, t0)
+    }
+
     #[test]
     fn opens_after_consecutive_failures_only() {
         let (b, t0) = (breaker(), Instant::now());
@@ -223,10 +233,7 @@ mod tests {
 
     #[test]
     fn half_open_lets_one_probe_through_and_its_result_decides() {
-        let (b, t0) = (breaker(), Instant::now());
-        for _ in 0..3 {
-            let _ = b.on_failure(t0);
-        }
+        let (b, t0) = opened();
         let later = t0 + COOL;
         assert_eq!(
             b.admit(later),
@@ -248,10 +255,7 @@ mod tests {
 
     #[test]
     fn a_lost_probe_is_replaced_after_the_probe_window() {
-        let (b, t0) = (breaker(), Instant::now());
-        for _ in 0..3 {
-            let _ = b.on_failure(t0);
-        }
+        let (b, t0) = opened();
         let probe_at = t0 + COOL;
         assert_eq!(b.admit(probe_at).0, Admission::Probe);
         assert_eq!(b.admit(probe_at + PROBE / 2).0, Admission::Reject);
