@@ -194,3 +194,18 @@ async fn a_limiter_built_while_redis_is_down_uses_its_policy_then_redis() -> Tes
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_fallback_denies_a_cost_only_the_fleet_quota_can_meet() -> TestResult {
+    let mut server = RedisServer::start()?;
+    // The fleet's burst is 3, the local one 2: a cost of 3 is valid, and
+    // while Redis is away it is denied rather than an error.
+    let local = KeyedLimiter::new(Quota::per_minute(2)?);
+    let limiter = limiter(&server, FailurePolicy::Local(local)).await?;
+    server.kill();
+    let d = limiter.check_n("u", 3).await?;
+    assert!(d.is_denied(), "{d:?}");
+    assert!(limiter.check_n("u", 2).await?.is_allowed());
+    assert_eq!(limiter.metrics().fallback_decisions, 2);
+    Ok(())
+}

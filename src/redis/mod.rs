@@ -267,7 +267,8 @@ impl RedisLimiterBuilder {
                         script.burst()
                     ));
                 }
-                let ttl = ttl.unwrap_or_else(|| script.interval().saturating_mul(k as u32));
+                let k32 = u32::try_from(k).unwrap_or(u32::MAX);
+                let ttl = ttl.unwrap_or_else(|| script.interval().saturating_mul(k32));
                 Some(Leases::new(k, ttl))
             }
         };
@@ -373,7 +374,7 @@ impl RedisLimiter {
         let (admission, transition) = self.breaker.admit(Instant::now());
         self.metrics.transition(transition);
         let decision = match admission {
-            Admission::Reject => self.fallback(key, n)?,
+            Admission::Reject => self.fallback(key, n),
             Admission::Call | Admission::Probe => match self.call(key, n, now_micros).await {
                 Ok(decision) => {
                     self.metrics.transition(self.breaker.on_success());
@@ -383,7 +384,7 @@ impl RedisLimiter {
                     self.metrics.failure(&error);
                     self.metrics
                         .transition(self.breaker.on_failure(Instant::now()));
-                    self.fallback(key, n)?
+                    self.fallback(key, n)
                 }
             },
         };
@@ -428,12 +429,11 @@ impl RedisLimiter {
     }
 
     /// The failure policy's decision, counted.
-    fn fallback(&self, key: &[u8], n: u64) -> Result<Decision, RedisLimitError> {
+    fn fallback(&self, key: &[u8], n: u64) -> Decision {
         self.metrics.fallback();
         let retry_in = self.breaker.retry_in(Instant::now()).max(self.timeout);
-        Ok(self
-            .policy
-            .decide(key, n, self.script.burst(), self.interval, retry_in)?)
+        self.policy
+            .decide(key, n, self.script.burst(), self.interval, retry_in)
     }
 
     /// The client clock's reading in µs, or `None` for the server's TIME.

@@ -13,7 +13,7 @@ use std::fmt;
 use std::num::NonZeroU64;
 use std::time::Duration;
 
-use crate::{CostError, Decision, KeyedLimiter};
+use crate::{Decision, KeyedLimiter};
 
 /// What a check answers when Redis cannot decide.
 // One policy per limiter, built once and never moved on a hot path: boxing
@@ -31,7 +31,9 @@ pub enum FailurePolicy {
     /// Decide with this in-process limiter, one bucket per key: each
     /// gateway enforces the quota you give it on its own. A common choice is
     /// the fleet's quota divided by the number of gateways, so the fleet as
-    /// a whole stays near its limit while Redis is away.
+    /// a whole stays near its limit while Redis is away. A cost above the
+    /// local quota's burst (but within the fleet's) is denied, as
+    /// `FailClosed` would.
     Local(KeyedLimiter<Vec<u8>>),
 }
 
@@ -56,14 +58,15 @@ impl FailurePolicy {
         limit: u64,
         interval: NonZeroU64,
         retry_in: Duration,
-    ) -> Result<Decision, CostError> {
+    ) -> Decision {
+        let retry = u64::try_from(retry_in.as_nanos()).unwrap_or(u64::MAX);
+        let closed = Decision::denied(limit, 0, interval, 0, retry);
         match self {
-            FailurePolicy::FailOpen => Ok(Decision::allowed(limit, 0, interval, 0)),
-            FailurePolicy::FailClosed => {
-                let retry = u64::try_from(retry_in.as_nanos()).unwrap_or(u64::MAX);
-                Ok(Decision::denied(limit, 0, interval, 0, retry))
-            }
-            FailurePolicy::Local(limiter) => limiter.check_n(key, n),
+            FailurePolicy::FailOpen => Decision::allowed(limit, 0, interval, 0),
+            FailurePolicy::FailClosed => closed,
+            // The fleet's limiter accepted the cost already; a local quota
+            // too small for it cannot grant it, so it is denied.
+            FailurePolicy::Local(limiter) => limiter.check_n(key, n).unwrap_or(closed),
         }
     }
 
