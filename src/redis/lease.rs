@@ -27,6 +27,9 @@
 //! bucket's refill. `tests/redis_lease.rs` checks the bound and measures
 //! the calls saved.
 //!
+//! Lease expiry runs on the process's monotonic clock (`Instant`),
+//! whatever the limiter's [`TimeSource`](super::TimeSource).
+//!
 //! The leases sit in one mutex-guarded map per limiter: a lookup is
 //! a few tens of nanoseconds, next to the tens of microseconds of the round
 //! trip it saves. Expired leases are swept when the map has grown past

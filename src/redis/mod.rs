@@ -138,7 +138,8 @@ impl std::fmt::Debug for TimeSource {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum HashTag {
-    /// `prefix + key`: keys spread over the slots (default).
+    /// `prefix + key`: keys spread over the slots (default). As for any
+    /// Redis key, a key that itself holds `{...}` hashes by that part.
     #[default]
     None,
     /// `prefix + "{" + key + "}"`: only the key picks the slot, so one
