@@ -5,7 +5,8 @@
 //! `k` tokens (or, if fewer are available, just its own cost) in the same
 //! single script call, and keeps what it did not spend for the next checks
 //! of that key on this gateway. Those spend locally, without a round trip,
-//! until the lease runs out or expires.
+//! until the lease runs out or expires. Leased tokens keep being spent while
+//! Redis is away; the failure policy decides only once they are gone.
 //!
 //! # The error bound
 //!
