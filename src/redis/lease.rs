@@ -24,7 +24,8 @@
 //!
 //! The error runs the other way too: tokens leased by a gateway whose
 //! traffic stops are not available to the others until they expire (the
-//! lease's time to live, by default `k × T`) and come back with the
+//! lease's time to live, by default `k × T` but at least
+//! [`MIN_DEFAULT_LEASE_TTL`](super::MIN_DEFAULT_LEASE_TTL)) and come back with the
 //! bucket's refill. `tests/redis_lease.rs` checks the bound and measures
 //! the calls saved.
 //!

@@ -112,6 +112,11 @@ pub const DEFAULT_PREFIX: &str = "turnstile:";
 /// short of what would make one request a memory attack on Redis.
 pub const MAX_KEY_BYTES: usize = 64 * 1024;
 
+/// The shortest default lease time to live: for fast quotas `k × T` is
+/// microseconds, and a lease that expires before the next request only
+/// costs an extra call.
+pub const MIN_DEFAULT_LEASE_TTL: Duration = Duration::from_secs(1);
+
 /// Where the script's "now" comes from.
 #[derive(Clone, Default)]
 pub enum TimeSource {
@@ -231,7 +236,8 @@ impl RedisLimiterBuilder {
         self
     }
 
-    /// How long leased tokens stay spendable (default `k × T`).
+    /// How long leased tokens stay spendable (default `k × T`, at least
+    /// [`MIN_DEFAULT_LEASE_TTL`]).
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease = self.lease.map(|(k, _)| (k, Some(ttl)));
         self
@@ -269,7 +275,12 @@ impl RedisLimiterBuilder {
                     ));
                 }
                 let k32 = u32::try_from(k).unwrap_or(u32::MAX);
-                let ttl = ttl.unwrap_or_else(|| script.interval().saturating_mul(k32));
+                let ttl = ttl.unwrap_or_else(|| {
+                    script
+                        .interval()
+                        .saturating_mul(k32)
+                        .max(MIN_DEFAULT_LEASE_TTL)
+                });
                 Some(Leases::new(k, ttl))
             }
         };
