@@ -28,6 +28,8 @@ end
 local stored = redis.call('GET', KEYS[1])
 local tat = 0
 if stored then
+  -- A value that is not a number (not written by this script) counts as
+  -- a full bucket, and is overwritten by the next admission.
   tat = tonumber(stored) or 0
 end
 

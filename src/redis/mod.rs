@@ -191,7 +191,10 @@ impl RedisLimiterBuilder {
         self
     }
 
-    /// The prefix of every Redis key (default [`DEFAULT_PREFIX`]).
+    /// The prefix of every Redis key (default [`DEFAULT_PREFIX`]). Limiters
+    /// with different quotas need different prefixes. A `{...}` in the
+    /// prefix would be every key's hash tag (one Cluster slot for all):
+    /// use [`HashTag`] to choose that.
     pub fn prefix(mut self, prefix: impl AsRef<[u8]>) -> Self {
         self.prefix = prefix.as_ref().to_vec();
         self
