@@ -275,3 +275,63 @@ async fn bad_input_gets_typed_errors_and_sends_nothing() -> TestResult {
     ));
     Ok(())
 }
+
+/// A small deterministic generator (xorshift64*), so a failure replays.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_costs_and_times_decide_exactly_as_the_local_gcra_on_the_rounded_interval(
+) -> TestResult {
+    let server = RedisServer::start()?;
+    // Intervals that are and are not whole microseconds (3/s: 333,333.3 µs).
+    let quotas = [
+        "2/s burst 5",
+        "3/s",
+        "100/min",
+        "7/1500ms burst 3",
+        "1000/s burst 50",
+    ];
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for (i, text) in quotas.iter().enumerate() {
+        let quota: Quota = text.parse()?;
+        let clock = ManualClock::starting_at(Duration::from_secs(1_000));
+        let remote = on_clock(&server, quota, &clock, &format!("random-{i}:")).await?;
+        // The script runs T rounded up to whole µs: the local twin does too.
+        let rounded = Quota::with_period(remote.emission_interval())?.burst(quota.burst_size())?;
+        let local = DirectLimiter::with_clock(rounded, clock.clone());
+        let t = remote.emission_interval().as_micros() as u64;
+        let mut allowed = 0;
+        for step in 0..500 {
+            // Mostly small steps around T, sometimes none, sometimes long.
+            clock.advance(Duration::from_micros(match rng.below(10) {
+                0..=3 => 0,
+                4..=8 => rng.below(2 * t),
+                _ => rng.below(20 * t),
+            }));
+            let cost = 1 + rng.below(quota.burst_size());
+            let (r, l) = (remote.check_n("k", cost).await?, local.check_n(cost)?);
+            assert_eq!(
+                r,
+                l,
+                "{text}, step {step}, cost {cost}, at {:?}",
+                clock.elapsed()
+            );
+            allowed += u32::from(r.is_allowed());
+        }
+        // Both answers were exercised, many times.
+        assert!(
+            (50..450).contains(&allowed),
+            "{text}: {allowed} of 500 allowed"
+        );
+    }
+    Ok(())
+}
