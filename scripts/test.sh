@@ -3,7 +3,8 @@
 # formatting, lints, unit/integration/doc tests, loom models, Miri,
 # sanitizers, fuzzing.
 # Installs what a fresh machine lacks: toolchain components (rustfmt,
-# clippy, miri, rust-src) and cargo-fuzz; no system packages are needed yet.
+# clippy, miri, rust-src), cargo-fuzz, and redis-server (apt-get) for the
+# Redis tests, which start their own servers on free loopback ports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +13,15 @@ started=$SECONDS
 
 step "toolchain components"
 rustup component add rustfmt clippy >/dev/null
+
+step "redis-server (for the redis feature's tests)"
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+    export DEBIAN_FRONTEND=noninteractive
+    sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    $sudo apt-get install -y -qq redis-server >/dev/null
+fi
+redis-server --version
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

@@ -36,6 +36,9 @@
 //!   `Retry-After`, the IETF RateLimit headers and metrics.
 //! - `until_ready` and `until_n_ready` (feature `tokio`): wait for a token
 //!   instead of being refused; see `Jitter`.
+//! - `redis::RedisLimiter` (feature `redis`): the same quotas and decisions
+//!   from a shared Redis, for fleets of gateways, with a timeout, a circuit
+//!   breaker, a failure policy, leases and metrics.
 //!
 //! # Semantics
 //!
@@ -78,6 +81,8 @@ pub mod http;
 pub mod keyed;
 mod map;
 mod quota;
+#[cfg(feature = "redis")]
+pub mod redis;
 pub mod reference;
 mod sync;
 #[cfg(feature = "tokio")]

@@ -4,6 +4,8 @@
 //! here is part of the library's API.
 
 mod check;
+#[cfg(feature = "redis")]
+mod fleet;
 mod latency;
 mod scenarios;
 
@@ -42,6 +44,11 @@ enum Command {
     /// Tries a quota on the real clock: runs N checks and prints each
     /// decision (allowed or denied, remaining, retry_after).
     Check(check::CheckArgs),
+    /// N simulated gateways share one quota through Redis: admitted and
+    /// denied per user next to the limit, then (with its own redis-server)
+    /// what each failure policy does while Redis is stopped.
+    #[cfg(feature = "redis")]
+    Fleet(fleet::FleetArgs),
 }
 
 /// A failure that the program reports as `error: <message>` and exit status 2.
@@ -74,6 +81,8 @@ pub fn main() -> ExitCode {
         Some(Command::Scenarios) => scenarios::run(&mut out),
         Some(Command::Latency(args)) => latency::run(&args, &mut out),
         Some(Command::Check(args)) => check::run(&args, &mut out),
+        #[cfg(feature = "redis")]
+        Some(Command::Fleet(args)) => fleet::run(&args, &mut out),
     };
     let _ = out.flush();
     match result {

@@ -1,0 +1,66 @@
+//! The connection to Redis: one server (through a `ConnectionManager`) or
+//! a Cluster. Both reconnect by themselves when Redis comes back.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{RedisResult, ScriptInvocation};
+
+/// Where the buckets live.
+#[derive(Clone)]
+pub(crate) enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Connection::Single(_) => "Connection::Single",
+            Connection::Cluster(_) => "Connection::Cluster",
+        })
+    }
+}
+
+/// First and last delay between reconnection attempts.
+const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(10);
+const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(500);
+const RECONNECT_RETRIES: usize = 4;
+
+impl Connection {
+    /// A connection to one server at `url`, made on first use: a limiter
+    /// can start while Redis is down (its failure policy decides until
+    /// Redis is up).
+    pub(crate) fn single(url: &str, timeout: Duration) -> RedisResult<Self> {
+        let client = redis::Client::open(url)?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_min_delay(RECONNECT_MIN_DELAY)
+            .set_max_delay(RECONNECT_MAX_DELAY)
+            .set_number_of_retries(RECONNECT_RETRIES);
+        let manager = ConnectionManager::new_lazy_with_config(client, config)?;
+        Ok(Connection::Single(manager))
+    }
+
+    /// A connection to the Cluster that `nodes` belong to (it learns the
+    /// slot map from them, so the Cluster must be up).
+    pub(crate) async fn cluster(nodes: &[String], timeout: Duration) -> RedisResult<Self> {
+        let client = ClusterClient::builder(nodes.iter().map(String::as_str))
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .retries(2)
+            .build()?;
+        Ok(Connection::Cluster(client.get_async_connection().await?))
+    }
+
+    /// Runs the script.
+    pub(crate) async fn invoke(&self, call: &ScriptInvocation<'_>) -> RedisResult<Vec<i64>> {
+        match self {
+            Connection::Single(manager) => call.invoke_async(&mut manager.clone()).await,
+            Connection::Cluster(cluster) => call.invoke_async(&mut cluster.clone()).await,
+        }
+    }
+}

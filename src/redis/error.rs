@@ -1,0 +1,95 @@
+//! Errors of the Redis limiter: at build time (a quota the script cannot
+//! represent, a bad URL or setting) and per call (a bad key or cost).
+//!
+//! Redis being slow or gone is not an error of `check`: the
+//! [`FailurePolicy`](super::FailurePolicy) decides those requests, and the
+//! [metrics](super::MetricsSnapshot) count them.
+
+use std::time::Duration;
+
+use crate::CostError;
+
+/// Why a [`RedisLimiter`](super::RedisLimiter) could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedisBuildError {
+    /// The quota cannot be run by the script in integer microseconds.
+    #[error("the Redis script cannot hold {quota}: {reason}")]
+    Unrepresentable {
+        /// The quota, as text.
+        quota: String,
+        /// Why, with the bound that was exceeded.
+        reason: String,
+    },
+    /// A setting of the builder that cannot work.
+    #[error("invalid Redis limiter setting: {0}")]
+    Config(String),
+    /// The Redis client refused the URL, or (for a cluster) the first
+    /// connection failed.
+    #[error("cannot connect to Redis: {0}")]
+    Connect(#[from] redis::RedisError),
+}
+
+/// A check that can never be decided, whatever Redis does. Nothing is sent
+/// to Redis and no state changes.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedisLimitError {
+    /// The cost is 0 or above the burst.
+    #[error(transparent)]
+    Cost(#[from] CostError),
+    /// An empty key: almost always a missing user id or header, which would
+    /// put every such caller in one shared bucket.
+    #[error("an empty key is not a caller's identity (a missing header or user id?)")]
+    EmptyKey,
+    /// A key longer than [`MAX_KEY_BYTES`](super::MAX_KEY_BYTES).
+    #[error("a key of {len} bytes is longer than the {max} bytes a rate-limit key may have")]
+    KeyTooLong {
+        /// The key's length in bytes.
+        len: usize,
+        /// The most allowed.
+        max: usize,
+    },
+    /// A client-side clock ([`TimeSource::Client`](super::TimeSource)) read
+    /// a time the script cannot hold exactly.
+    #[error("the client clock reads {now:?}, past the {max:?} the script holds exactly")]
+    ClockOutOfRange {
+        /// The reading.
+        now: Duration,
+        /// The largest reading allowed.
+        max: Duration,
+    },
+}
+
+/// Why one Redis call gave no decision (internal: turned into a fallback
+/// decision by the failure policy, and counted).
+#[derive(Debug)]
+pub(crate) enum CallError {
+    /// No reply within the timeout.
+    Timeout,
+    /// Redis (or the connection to it) failed.
+    Redis(redis::RedisError),
+    /// A reply that is not what the script returns.
+    BadReply(String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Timeout => f.write_str("no reply within the timeout"),
+            CallError::Redis(error) => write!(f, "{error}"),
+            CallError::BadReply(reply) => write!(f, "unexpected script reply {reply}"),
+        }
+    }
+}
+
+impl CallError {
+    /// The redis crate reports its own response timeouts as errors.
+    pub(crate) fn from_redis(error: redis::RedisError) -> Self {
+        if error.is_timeout() {
+            CallError::Timeout
+        } else {
+            CallError::Redis(error)
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! The HTTP layer's [`Limiter`] for a shared [`RedisLimiter`], so one
+//! [`RateLimitLayer`](crate::http::RateLimitLayer) serves a fleet exactly as
+//! it serves a local limiter (features `redis` and `tower`).
+//!
+//! The layer holds an `Arc<RedisLimiter>`: each check moves a clone of the
+//! `Arc` and of the key (two reference counts) into its future. Redis being
+//! down or slow is the limiter's [`FailurePolicy`](super::FailurePolicy)'s
+//! business, and arrives as a decision (open: allowed; closed: denied with
+//! a `retry_after`; local: the fallback's). Only a key the script refuses
+//! (empty, or above `MAX_KEY_BYTES`) is an error, which the layer answers
+//! with its [`OnLimiterError`](crate::http::OnLimiterError) policy.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use super::{RedisLimitError, RedisLimiter};
+use crate::http::{HttpKey, Limiter};
+use crate::{Decision, Quota};
+
+impl Limiter for Arc<RedisLimiter> {
+    type Error = RedisLimitError;
+    type Future = Pin<Box<dyn Future<Output = Result<Decision, RedisLimitError>> + Send>>;
+
+    fn check(&self, key: &HttpKey) -> Self::Future {
+        let (limiter, key) = (Arc::clone(self), key.clone());
+        // The inherent check, by path: `limiter.check` would find this very
+        // trait method on the `Arc` first.
+        Box::pin(async move { RedisLimiter::check(&limiter, &key).await })
+    }
+
+    fn quota(&self) -> Quota {
+        *RedisLimiter::quota(self)
+    }
+}

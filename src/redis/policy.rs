@@ -1,0 +1,81 @@
+//! What a check answers when Redis cannot: the user's choice.
+//!
+//! The seeds name the choice: failing open protects availability, failing
+//! closed suits sensitive endpoints such as login, and "a common compromise
+//! is a local in-memory limiter as a fallback". The policy decides a
+//! request when the Redis call failed, timed out, or was not made because
+//! the circuit breaker is open; [`MetricsSnapshot::fallback_decisions`]
+//! counts how often.
+//!
+//! [`MetricsSnapshot::fallback_decisions`]: super::MetricsSnapshot::fallback_decisions
+
+use std::fmt;
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+use crate::{Decision, KeyedLimiter};
+
+/// What a check answers when Redis cannot decide.
+// One policy per limiter, built once and never moved on a hot path: boxing
+// the local limiter would only make users write `Box::new`.
+#[allow(clippy::large_enum_variant)]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// Allow every request (availability first). The decision reports no
+    /// remaining tokens and no reset time: they are unknown.
+    FailOpen,
+    /// Deny every request (protection first). The decision's `retry_after`
+    /// is the time until the circuit breaker next tries Redis (at least the
+    /// call timeout).
+    FailClosed,
+    /// Decide with this in-process limiter, one bucket per key: each
+    /// gateway enforces the quota you give it on its own. A common choice is
+    /// the fleet's quota divided by the number of gateways, so the fleet as
+    /// a whole stays near its limit while Redis is away. A cost above the
+    /// local quota's burst (but within the fleet's) is denied, as
+    /// `FailClosed` would.
+    Local(KeyedLimiter<Vec<u8>>),
+}
+
+impl fmt::Debug for FailurePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FailurePolicy::FailOpen => f.write_str("FailOpen"),
+            FailurePolicy::FailClosed => f.write_str("FailClosed"),
+            FailurePolicy::Local(limiter) => f.debug_tuple("Local").field(limiter).finish(),
+        }
+    }
+}
+
+impl FailurePolicy {
+    /// The fallback decision for `n` tokens of `key`, for a quota of burst
+    /// `limit` and interval `interval`; `retry_in` is when Redis will next
+    /// be tried.
+    pub(crate) fn decide(
+        &self,
+        key: &[u8],
+        n: u64,
+        limit: u64,
+        interval: NonZeroU64,
+        retry_in: Duration,
+    ) -> Decision {
+        let retry = u64::try_from(retry_in.as_nanos()).unwrap_or(u64::MAX);
+        let closed = Decision::denied(limit, 0, interval, 0, retry);
+        match self {
+            FailurePolicy::FailOpen => Decision::allowed(limit, 0, interval, 0),
+            FailurePolicy::FailClosed => closed,
+            // The fleet's limiter accepted the cost already; a local quota
+            // too small for it cannot grant it, so it is denied.
+            FailurePolicy::Local(limiter) => limiter.check_n(key, n).unwrap_or(closed),
+        }
+    }
+
+    /// A short name for reports ("fail-open", "fail-closed", "local").
+    pub fn name(&self) -> &'static str {
+        match self {
+            FailurePolicy::FailOpen => "fail-open",
+            FailurePolicy::FailClosed => "fail-closed",
+            FailurePolicy::Local(_) => "local",
+        }
+    }
+}

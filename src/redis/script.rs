@@ -1,0 +1,243 @@
+//! The GCRA of [`crate::Gcra`] as one Lua script, in integer microseconds.
+//!
+//! # Why microseconds
+//!
+//! Lua numbers are IEEE doubles: integers are exact only below
+//! 2<sup>53</sup>. Nanoseconds since the Unix epoch are about 1.8 ×
+//! 10<sup>18</sup>, far above 2<sup>53</sup> ≈ 9.0 × 10<sup>15</sup>, so a
+//! script on nanoseconds would round its own clock (the reason Bucket4j's
+//! maintainers turned Lua down). Microseconds since the epoch are about 1.8
+//! × 10<sup>15</sup>: exact. turnstile keeps every quantity the script
+//! touches below 2<sup>53</sup>:
+//!
+//! - `now` (the server's `TIME`, or a client clock) below
+//!   [`MAX_NOW_MICROS`] = 2<sup>52</sup> µs (the year 2112 for `TIME`);
+//! - `tau = B × T` at most [`MAX_TOLERANCE_MICROS`] = 2<sup>52</sup> µs
+//!   (about 142 years), checked when the limiter is built;
+//! - so `TAT <= now + tau < 2^53`, and every sum, product and comparison in
+//!   the script is exact integer arithmetic.
+//!
+//! The emission interval is rounded **up** to whole microseconds (a 3/s
+//! quota runs with `T = 333,334 µs`): rounding can only admit fewer requests
+//! than the quota, never more. A quota whose `T` is under 1 µs (more than a
+//! million requests a second per key) cannot be represented and is refused
+//! when the limiter is built.
+//!
+//! # The script
+//!
+//! `gcra.lua` reads `TAT` with `GET`, computes exactly what
+//! [`Gcra`] computes, stores the new `TAT` and sets `PEXPIRE`
+//! to the bucket's reset time (when the bucket is full again, a missing key
+//! decides the same, so idle users cost Redis nothing). It takes one key and
+//! every value through `KEYS`/`ARGV` (no string building), so it runs on
+//! Redis Cluster. It is sent with `EVALSHA` and loaded again on `NOSCRIPT`
+//! (the redis crate's [`Script`]).
+//!
+//! The reply is `{granted, TAT before, now}`; the [`Decision`] is then
+//! worked out in Rust by [`Gcra`] itself on those numbers
+//! (scaled to nanoseconds), so Redis decisions carry the same figures as
+//! local ones, and a reply that disagrees with the pure function is
+//! reported as a bad reply rather than trusted.
+//!
+//! For leases, the script can take more than the cost: `want` tokens if that
+//! many are available, the cost `n` otherwise. With `want == n` it is plain
+//! GCRA.
+
+use std::time::Duration;
+
+use redis::{Script, ScriptInvocation};
+
+use super::error::{CallError, RedisBuildError};
+use crate::algorithm::Algorithm;
+use crate::{Decision, Gcra, Quota};
+
+/// The largest `tau = B × T` the script holds, in microseconds (2^52).
+pub const MAX_TOLERANCE_MICROS: u64 = 1 << 52;
+/// The latest `now` the script holds, in microseconds (2^52): with
+/// `tau <= 2^52` every TAT stays below 2^53.
+pub const MAX_NOW_MICROS: u64 = 1 << 52;
+
+const NANOS_PER_MICRO: u64 = 1_000;
+
+/// The script and one quota's parameters in microseconds.
+#[derive(Debug, Clone)]
+pub(crate) struct GcraScript {
+    script: Script,
+    /// `T` in µs, rounded up.
+    interval_micros: u64,
+    /// `B × T` in µs.
+    tolerance_micros: u64,
+    /// The GCRA that the script runs, on the µs-rounded `T`, in ns.
+    gcra: Gcra,
+    burst: u64,
+}
+
+/// What one script call decided.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reply {
+    /// Tokens taken (0 when denied): the cost, or more for a lease.
+    pub granted: u64,
+    /// The decision for the tokens taken (or, denied, for the cost).
+    pub decision: Decision,
+}
+
+impl GcraScript {
+    /// The script for `quota`, or why it cannot be represented.
+    pub(crate) fn new(quota: &Quota) -> Result<Self, RedisBuildError> {
+        let unrepresentable = |reason: String| RedisBuildError::Unrepresentable {
+            quota: quota.to_string(),
+            reason,
+        };
+        let interval_nanos = quota.interval_nanos();
+        if interval_nanos < NANOS_PER_MICRO {
+            return Err(unrepresentable(format!(
+                "its emission interval is {interval_nanos} ns; the script counts whole \
+                 microseconds, so at most one token per microsecond per key"
+            )));
+        }
+        let interval_micros = interval_nanos.div_ceil(NANOS_PER_MICRO);
+        let burst = quota.burst_size();
+        let tolerance_micros = burst
+            .checked_mul(interval_micros)
+            .filter(|&tau| tau <= MAX_TOLERANCE_MICROS)
+            .ok_or_else(|| {
+                unrepresentable(format!(
+                    "burst {burst} x {interval_micros} us exceeds 2^52 us (about 142 years), \
+                     beyond which Lua's doubles are not exact"
+                ))
+            })?;
+        // tau <= 2^52 us, so T and tau in ns fit in a u64 (2^52 * 1000 < 2^62).
+        let rounded = Quota::new(1, Duration::from_micros(interval_micros))
+            .and_then(|q| q.burst(burst))
+            .map_err(|e| unrepresentable(e.to_string()))?;
+        Ok(GcraScript {
+            script: Script::new(include_str!("gcra.lua")),
+            interval_micros,
+            tolerance_micros,
+            gcra: Gcra::new(&rounded),
+            burst,
+        })
+    }
+
+    /// The quota's burst `B`.
+    pub(crate) fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// The emission interval the script runs (rounded up to whole µs).
+    pub(crate) fn interval(&self) -> Duration {
+        Duration::from_micros(self.interval_micros)
+    }
+
+    /// The pure GCRA the script runs.
+    pub(crate) fn gcra(&self) -> &Gcra {
+        &self.gcra
+    }
+
+    /// One call: take `n` tokens (or `want`, if available) from `key`, at
+    /// `now_micros` or, when `None`, at the server's `TIME`.
+    pub(crate) fn invocation(
+        &self,
+        key: &[u8],
+        n: u64,
+        want: u64,
+        now_micros: Option<u64>,
+    ) -> ScriptInvocation<'_> {
+        let mut call = self.script.key(key);
+        call.arg(self.interval_micros)
+            .arg(self.tolerance_micros)
+            .arg(n)
+            .arg(want.max(n));
+        match now_micros {
+            Some(now) => call.arg(now),
+            None => call.arg(""),
+        };
+        call
+    }
+
+    /// Checks a reply against the pure GCRA and turns it into a decision
+    /// for a request of cost `n`.
+    pub(crate) fn decode(&self, reply: &[i64], n: u64) -> Result<Reply, CallError> {
+        let bad = |why: &str| CallError::BadReply(format!("{why}: {reply:?}"));
+        let [granted, tat, now] = reply else {
+            return Err(bad("expected {granted, tat, now}"));
+        };
+        let as_micros = |v: i64| {
+            u64::try_from(v)
+                .ok()
+                .filter(|&v| v < 1 << 53)
+                .ok_or_else(|| bad("a value outside 0..2^53"))
+        };
+        let (granted, tat, now) = (as_micros(*granted)?, as_micros(*tat)?, as_micros(*now)?);
+        if now >= MAX_NOW_MICROS {
+            return Err(bad("the server's clock is past 2^52 us"));
+        }
+        let (tat_ns, now_ns) = (tat * NANOS_PER_MICRO, now * NANOS_PER_MICRO);
+        let cost = if granted == 0 { n } else { granted };
+        if granted != 0 && (granted < n || granted > self.burst) {
+            return Err(bad("granted tokens outside n..=burst"));
+        }
+        let step = self.gcra.decide(tat_ns, now_ns, cost);
+        if step.decision.is_allowed() != (granted != 0) {
+            return Err(bad("the script and the pure GCRA disagree"));
+        }
+        Ok(Reply {
+            granted,
+            decision: step.decision,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals_round_up_to_whole_microseconds() {
+        let s = GcraScript::new(&Quota::per_second(3).unwrap()).unwrap();
+        assert_eq!(s.interval(), Duration::from_micros(333_334));
+        assert_eq!(s.tolerance_micros, 3 * 333_334);
+        let s = GcraScript::new(&"2/s burst 5".parse().unwrap()).unwrap();
+        assert_eq!(
+            (s.interval_micros, s.tolerance_micros),
+            (500_000, 2_500_000)
+        );
+    }
+
+    #[test]
+    fn quotas_the_script_cannot_hold_are_refused() {
+        let too_fine = Quota::per_second(2_000_000).unwrap();
+        assert!(matches!(
+            GcraScript::new(&too_fine),
+            Err(RedisBuildError::Unrepresentable { .. })
+        ));
+        // 1 per hour, burst 2,000,000: tau = 7.2e15 us > 2^52 (fits in ns).
+        let too_long = Quota::per_hour(1).unwrap().burst(2_000_000).unwrap();
+        assert!(GcraScript::new(&too_long).is_err());
+        assert!(GcraScript::new(&Quota::per_second(1_000_000).unwrap()).is_ok());
+    }
+
+    #[test]
+    fn replies_are_checked_against_the_pure_gcra() {
+        let s = GcraScript::new(&"2/s burst 5".parse().unwrap()).unwrap();
+        let now = 1_700_000_000_000_000;
+        let reply = s.decode(&[1, 0, now], 1).unwrap();
+        assert_eq!((reply.granted, reply.decision.remaining()), (1, 4));
+        // A full bucket denies: the script saying "allowed" is a bad reply.
+        let full = now + 2_500_000;
+        assert!(s.decode(&[0, full, now], 1).unwrap().decision.is_denied());
+        assert!(matches!(
+            s.decode(&[1, full, now], 1),
+            Err(CallError::BadReply(_))
+        ));
+        assert!(matches!(s.decode(&[1, 0], 1), Err(CallError::BadReply(_))));
+        assert!(matches!(
+            s.decode(&[-1, 0, now], 1),
+            Err(CallError::BadReply(_))
+        ));
+        assert!(matches!(
+            s.decode(&[9, 0, now], 1),
+            Err(CallError::BadReply(_))
+        ));
+    }
+}

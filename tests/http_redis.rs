@@ -1,0 +1,133 @@
+//! The tower layer over a `RedisLimiter`: two gateways (two axum servers,
+//! each with its own limiter and connection) in front of one real
+//! `redis-server`, asked by a real HTTP client over loopback. The quota is
+//! the fleet's, not each gateway's, and Redis going away answers by the
+//! limiter's failure policy.
+#![cfg(all(feature = "tower", feature = "redis"))]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use axum::Router;
+use http::{HeaderName, StatusCode};
+use turnstile::http::{ClientIp, KeyExtractor, RateLimitLayer};
+use turnstile::redis::{FailurePolicy, RedisLimiter};
+use turnstile::Quota;
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+use redis_server::RedisServer;
+
+/// A gateway: one route behind the layer, keyed by `x-api-key`, on its own
+/// `RedisLimiter`. Returns its base URL.
+async fn gateway(redis: &RedisServer, quota: &str, policy: FailurePolicy) -> String {
+    let quota: Quota = quota.parse().expect("quota");
+    let limiter = RedisLimiter::builder(quota)
+        .url(redis.url())
+        .timeout(Duration::from_millis(200))
+        .failure_policy(policy)
+        .build()
+        .await
+        .expect("limiter");
+    let peer =
+        ClientIp::new().peer_addr_from(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0));
+    let key = KeyExtractor::header(HeaderName::from_static("x-api-key")).client_ip(peer);
+    let layer = RateLimitLayer::builder(Arc::new(limiter))
+        .name("fleet")
+        .key(key)
+        .build()
+        .expect("layer");
+    let app = Router::new().route("/", get(|| async { "hello" }).layer(layer));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .expect("serve");
+    });
+    format!("http://{addr}")
+}
+
+async fn request(url: &str, api_key: &str) -> reqwest::Response {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+        .get(url)
+        .header("x-api-key", api_key)
+        .send()
+        .await
+        .expect("send")
+}
+
+fn header<'r>(response: &'r reqwest::Response, name: &str) -> Option<&'r str> {
+    response
+        .headers()
+        .get(name)
+        .map(|v| v.to_str().expect("ASCII"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_share_one_quota_through_redis() {
+    let redis = RedisServer::start().expect("redis-server");
+    let a = gateway(&redis, "3/min", FailurePolicy::FailOpen).await;
+    let b = gateway(&redis, "3/min", FailurePolicy::FailOpen).await;
+
+    // 3/min for the whole fleet: two from A, one from B, then both refuse.
+    for (url, remaining) in [(&a, 2), (&a, 1), (&b, 0)] {
+        let response = request(url, "k1").await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            header(&response, "ratelimit-policy"),
+            Some("\"fleet\";q=3;w=60")
+        );
+        let expected = format!("\"fleet\";r={remaining};");
+        let rate = header(&response, "ratelimit").expect("RateLimit header");
+        assert!(rate.starts_with(&expected), "{rate}");
+    }
+    for url in [&a, &b] {
+        let denied = request(url, "k1").await;
+        assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+        // One token per 20 s; the server's clock moved a little since.
+        let retry: u64 = header(&denied, "retry-after")
+            .expect("Retry-After")
+            .parse()
+            .expect("delta-seconds");
+        assert!((1..=20).contains(&retry), "Retry-After: {retry}");
+        assert_eq!(
+            header(&denied, "content-type"),
+            Some("application/problem+json")
+        );
+    }
+    // Another key has its own bucket, on either gateway.
+    assert_eq!(request(&b, "k2").await.status(), StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_redis_answers_by_the_failure_policy() {
+    let mut redis = RedisServer::start().expect("redis-server");
+    let open = gateway(&redis, "1/min", FailurePolicy::FailOpen).await;
+    let closed = gateway(&redis, "1/min", FailurePolicy::FailClosed).await;
+    assert_eq!(request(&open, "k").await.status(), StatusCode::OK);
+    assert_eq!(
+        request(&closed, "k").await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    redis.kill();
+    for _ in 0..3 {
+        assert_eq!(request(&open, "fresh").await.status(), StatusCode::OK);
+        let refused = request(&closed, "fresh").await;
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(header(&refused, "retry-after").is_some());
+    }
+}

@@ -1,0 +1,100 @@
+//! A real 3-master Redis Cluster, started by the test: one script call per
+//! key, so keys spread over the shards and decisions stay exact.
+#![cfg(feature = "redis")]
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis_server::{redis_cli, RedisCluster};
+use turnstile::redis::{HashTag, RedisLimiter, TimeSource};
+use turnstile::{KeyedLimiter, ManualClock, Quota};
+
+const KEYS: usize = 300;
+
+fn keys_on(port: u16) -> Result<u64, Box<dyn std::error::Error>> {
+    Ok(redis_cli(port, &["DBSIZE"])?.trim().parse()?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_spread_over_three_masters_and_decisions_stay_exact(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let cluster = RedisCluster::start()?;
+    let quota = Quota::per_second(2)?.burst(5)?;
+    let clock = ManualClock::starting_at(Duration::from_secs(1_000));
+    let remote = RedisLimiter::builder(quota)
+        .cluster(cluster.urls())
+        .prefix("c:")
+        .timeout(Duration::from_secs(2))
+        .time_source(TimeSource::Client(Arc::new(clock.clone())))
+        .build()
+        .await?;
+    let local = KeyedLimiter::<String, _>::builder(quota)
+        .clock(clock.clone())
+        .build();
+    // The seed scenario on every key: 7 at once, then 3 after 1.1 s.
+    let mut admitted = 0;
+    for (advance, requests) in [(0, 7), (1_100, 3)] {
+        clock.advance(Duration::from_millis(advance));
+        for k in 0..KEYS {
+            let key = format!("user_{k}");
+            for _ in 0..requests {
+                let (r, l) = (remote.check(&key).await?, local.check(key.as_str()));
+                assert_eq!(r, l, "{key} at {:?}", clock.elapsed());
+                admitted += u32::from(r.is_allowed());
+            }
+        }
+    }
+    assert_eq!(admitted, 7 * KEYS as u32);
+    let per_master: Vec<u64> = cluster
+        .ports()
+        .into_iter()
+        .map(keys_on)
+        .collect::<Result<_, _>>()?;
+    assert_eq!(
+        per_master.iter().sum::<u64>(),
+        KEYS as u64,
+        "{per_master:?}"
+    );
+    assert!(
+        per_master.iter().all(|&n| n > 50),
+        "keys did not spread: {per_master:?}"
+    );
+    let m = remote.metrics();
+    assert_eq!(
+        (m.redis_errors, m.timeouts, m.fallback_decisions),
+        (0, 0, 0)
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_hash_tag_keeps_every_bucket_on_one_master_with_server_time(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let cluster = RedisCluster::start()?;
+    let remote = RedisLimiter::builder(Quota::per_minute(1)?.burst(3)?)
+        .cluster(cluster.urls())
+        .prefix("t:")
+        .hash_tag(HashTag::Fixed("tenant_9".into()))
+        .timeout(Duration::from_secs(2))
+        .build()
+        .await?;
+    for k in 0..30 {
+        let key = format!("user_{k}");
+        let mut allowed = 0;
+        for _ in 0..5 {
+            allowed += u32::from(remote.check(&key).await?.is_allowed());
+        }
+        assert_eq!(allowed, 3, "{key}");
+    }
+    let mut per_master: Vec<u64> = cluster
+        .ports()
+        .into_iter()
+        .map(keys_on)
+        .collect::<Result<_, _>>()?;
+    per_master.sort_unstable();
+    assert_eq!(per_master, [0, 0, 30]);
+    Ok(())
+}

@@ -1,0 +1,211 @@
+//! Redis failing under the limiter: killed mid-run, restarted on the same
+//! port, paused with SIGSTOP. Each failure policy does what it says within
+//! the timeout, the breaker opens (and then costs no timeouts), and the
+//! limiter recovers by itself.
+#![cfg(feature = "redis")]
+
+#[path = "support/redis_server.rs"]
+mod redis_server;
+
+use std::time::{Duration, Instant};
+
+use redis_server::RedisServer;
+use turnstile::redis::{BreakerConfig, BreakerState, FailurePolicy, RedisLimiter};
+use turnstile::{KeyedLimiter, Quota};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const TIMEOUT: Duration = Duration::from_millis(100);
+const COOL_DOWN: Duration = Duration::from_millis(300);
+/// A check that fails must return within the timeout plus this (a loaded
+/// 2-core machine schedules late).
+const SLACK: Duration = Duration::from_millis(400);
+
+async fn limiter(
+    server: &RedisServer,
+    policy: FailurePolicy,
+) -> Result<RedisLimiter, Box<dyn std::error::Error>> {
+    Ok(RedisLimiter::builder(Quota::per_minute(1)?.burst(3)?)
+        .url(server.url())
+        .timeout(TIMEOUT)
+        .breaker(BreakerConfig {
+            failure_threshold: 3,
+            cool_down: COOL_DOWN,
+        })
+        .failure_policy(policy)
+        .build()
+        .await?)
+}
+
+/// Checks `key` `count` times; returns the admitted count, and asserts each
+/// check returned within the timeout (plus slack).
+async fn timed_checks(
+    limiter: &RedisLimiter,
+    key: &str,
+    count: u32,
+) -> Result<u32, Box<dyn std::error::Error>> {
+    let mut allowed = 0;
+    for _ in 0..count {
+        let started = Instant::now();
+        allowed += u32::from(limiter.check(key).await?.is_allowed());
+        let took = started.elapsed();
+        assert!(took <= TIMEOUT + SLACK, "a check took {took:?}");
+    }
+    Ok(allowed)
+}
+
+/// Kills the server mid-run, checks what `policy` answers, restarts it on
+/// the same port and waits for recovery. Returns the checks admitted while
+/// Redis was down (out of 20).
+async fn outage(policy: FailurePolicy) -> Result<u32, Box<dyn std::error::Error>> {
+    let mut server = RedisServer::start()?;
+    let limiter = limiter(&server, policy).await?;
+    // Redis decides: burst 3, so 3 of 5 pass.
+    assert_eq!(timed_checks(&limiter, "u", 5).await?, 3);
+    assert_eq!(limiter.breaker_state(), BreakerState::Closed);
+
+    server.kill();
+    let down = timed_checks(&limiter, "v", 20).await?;
+    let m = limiter.metrics();
+    assert_eq!(limiter.breaker_state(), BreakerState::Open);
+    assert_eq!(m.breaker_opened, 1);
+    // 3 failed calls opened the breaker; the other 17 never called Redis.
+    assert_eq!(m.redis_errors + m.timeouts, 3, "{m:?}");
+    assert_eq!(m.fallback_decisions, 20);
+    assert!(limiter.last_error().is_some());
+
+    // An open breaker costs no timeout: 1,000 checks in far less than one.
+    let started = Instant::now();
+    for _ in 0..1_000 {
+        let _ = limiter.check("w").await?;
+    }
+    assert!(
+        started.elapsed() < TIMEOUT,
+        "open breaker took {:?}",
+        started.elapsed()
+    );
+
+    server.restart()?;
+    // After the cool-down one probe goes through, succeeds, and closes it.
+    tokio::time::sleep(COOL_DOWN).await;
+    let recovered_by = Instant::now() + Duration::from_secs(10);
+    while limiter.breaker_state() != BreakerState::Closed {
+        assert!(
+            Instant::now() < recovered_by,
+            "no recovery: {:?}",
+            limiter.last_error()
+        );
+        let _ = limiter.check("probe").await?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The restarted server is empty: a fresh bucket of 3 decided by Redis.
+    let before = limiter.metrics().fallback_decisions;
+    assert_eq!(timed_checks(&limiter, "u", 5).await?, 3);
+    let m = limiter.metrics();
+    assert_eq!(m.fallback_decisions, before);
+    assert!(m.breaker_closed >= 1 && m.breaker_half_opened >= 1, "{m:?}");
+    Ok(down)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_redis_with_fail_open_allows_everything_then_recovers() -> TestResult {
+    assert_eq!(outage(FailurePolicy::FailOpen).await?, 20);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_redis_with_fail_closed_denies_everything_then_recovers() -> TestResult {
+    assert_eq!(outage(FailurePolicy::FailClosed).await?, 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_redis_with_a_local_fallback_enforces_the_local_quota_then_recovers() -> TestResult {
+    // The local quota: 2 per minute per key on this gateway.
+    let local = KeyedLimiter::new(Quota::per_minute(2)?);
+    assert_eq!(outage(FailurePolicy::Local(local)).await?, 2);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_closed_says_when_to_retry() -> TestResult {
+    let mut server = RedisServer::start()?;
+    let limiter = limiter(&server, FailurePolicy::FailClosed).await?;
+    server.kill();
+    let d = limiter.check("u").await?;
+    assert!(d.is_denied());
+    assert!(d.retry_after().unwrap_or_default() >= TIMEOUT);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_gives_timeouts_not_hangs() -> TestResult {
+    let server = RedisServer::start()?;
+    let limiter = limiter(&server, FailurePolicy::FailClosed).await?;
+    assert_eq!(timed_checks(&limiter, "u", 1).await?, 1);
+    server.signal("STOP")?;
+    // Each check returns within the timeout; 3 of them open the breaker.
+    let allowed = timed_checks(&limiter, "u", 10).await;
+    server.signal("CONT")?;
+    assert_eq!(allowed?, 0);
+    let m = limiter.metrics();
+    assert_eq!(m.timeouts, 3, "{m:?}");
+    assert_eq!(m.breaker_opened, 1);
+    // Continued: the limiter recovers by itself after the cool-down.
+    tokio::time::sleep(COOL_DOWN).await;
+    let recovered_by = Instant::now() + Duration::from_secs(10);
+    while limiter.breaker_state() != BreakerState::Closed {
+        let _ = limiter.check("probe").await?;
+        assert!(
+            Instant::now() < recovered_by,
+            "no recovery: {:?}",
+            limiter.last_error()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A timeout is not a rollback: the 3 calls that timed out were sent,
+    // and the paused server ran them when continued. The 10 denials cost
+    // tokens all the same; the bucket never admitted more than its burst.
+    let mut allowed = 1;
+    for _ in 0..5 {
+        allowed += u32::from(limiter.check("u").await?.is_allowed());
+    }
+    assert!(allowed <= 3, "{allowed} admitted with burst 3");
+    assert!(limiter.check("fresh").await?.is_allowed());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limiter_built_while_redis_is_down_uses_its_policy_then_redis() -> TestResult {
+    let mut server = RedisServer::start()?;
+    server.kill();
+    let limiter = limiter(&server, FailurePolicy::FailClosed).await?;
+    assert_eq!(timed_checks(&limiter, "u", 5).await?, 0);
+    server.restart()?;
+    tokio::time::sleep(COOL_DOWN).await;
+    let recovered_by = Instant::now() + Duration::from_secs(10);
+    while !limiter.check("u").await?.is_allowed() {
+        assert!(
+            Instant::now() < recovered_by,
+            "no recovery: {:?}",
+            limiter.last_error()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_fallback_denies_a_cost_only_the_fleet_quota_can_meet() -> TestResult {
+    let mut server = RedisServer::start()?;
+    // The fleet's burst is 3, the local one 2: a cost of 3 is valid, and
+    // while Redis is away it is denied rather than an error.
+    let local = KeyedLimiter::new(Quota::per_minute(2)?);
+    let limiter = limiter(&server, FailurePolicy::Local(local)).await?;
+    server.kill();
+    let d = limiter.check_n("u", 3).await?;
+    assert!(d.is_denied(), "{d:?}");
+    assert!(limiter.check_n("u", 2).await?.is_allowed());
+    assert_eq!(limiter.metrics().fallback_decisions, 2);
+    Ok(())
+}

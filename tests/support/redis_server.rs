@@ -1,0 +1,264 @@
+//! A real `redis-server` (and a real 3-master Redis Cluster) on free
+//! loopback ports, in a temporary directory, stopped on drop.
+//!
+//! Shared by the Redis tests and by the CLI's `fleet` demo (through
+//! `#[path]`), so the one way turnstile starts Redis is written once.
+//! Needs `redis-server` and `redis-cli` on `PATH` (`scripts/test.sh`
+//! installs them when missing).
+
+#![allow(dead_code)]
+
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// How long a server may take to answer PING after starting.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a new Cluster may take to report `cluster_state:ok`.
+const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
+
+static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
+
+/// A directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(what: &str) -> io::Result<TempDir> {
+        let n = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("turnstile-{what}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path)?;
+        Ok(TempDir(path))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One `redis-server` child process on `127.0.0.1:port`.
+pub struct RedisServer {
+    port: u16,
+    child: Option<Child>,
+    extra_args: Vec<String>,
+    dir: TempDir,
+}
+
+/// A loopback port that is free now, whose cluster bus port (`+10000`) is
+/// free too.
+pub fn free_port() -> io::Result<u16> {
+    for _ in 0..100 {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        let port = listener.local_addr()?.port();
+        if port > 55_000 {
+            continue;
+        }
+        if TcpListener::bind((Ipv4Addr::LOCALHOST, port + 10_000)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(io::Error::other("no free loopback port pair found"))
+}
+
+impl RedisServer {
+    /// Starts a server on a free port and waits for its PONG.
+    pub fn start() -> io::Result<RedisServer> {
+        Self::start_with(Vec::new())
+    }
+
+    fn start_with(extra_args: Vec<String>) -> io::Result<RedisServer> {
+        let mut server = RedisServer {
+            port: free_port()?,
+            child: None,
+            extra_args,
+            dir: TempDir::new("redis")?,
+        };
+        server.restart()?;
+        Ok(server)
+    }
+
+    /// `redis://127.0.0.1:port`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Kills the server (SIGKILL: no goodbye to its clients) and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port (after [`kill`]).
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.kill();
+        let log = std::fs::File::create(self.dir.0.join(format!("redis-{}.log", self.port)))?;
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&self.dir.0)
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "cannot run redis-server ({e}): install it (apt-get install redis-server)"
+                    ),
+                )
+            })?;
+        self.child = Some(child);
+        let deadline = Instant::now() + START_TIMEOUT;
+        while Instant::now() < deadline {
+            if ping(self.port).is_ok() {
+                return Ok(());
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        Err(io::Error::other(format!(
+            "redis-server on port {} did not answer PING in {START_TIMEOUT:?}",
+            self.port
+        )))
+    }
+
+    /// Sends a signal by name (`STOP`, `CONT`) to the server.
+    pub fn signal(&self, name: &str) -> io::Result<()> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| io::Error::other("the server is not running"))?;
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string())
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!("kill -{name} {pid} failed")))
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        // A stopped server ignores SIGKILL only until continued: continue
+        // it first so kill() never waits on it.
+        let _ = self.signal("CONT");
+        self.kill();
+    }
+}
+
+/// `PING` over a raw socket: `Ok` on `+PONG`.
+pub fn ping(port: u16) -> io::Result<()> {
+    let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
+    stream.set_read_timeout(Some(Duration::from_millis(500)))?;
+    stream.write_all(b"PING\r\n")?;
+    let mut reply = [0u8; 7];
+    stream.read_exact(&mut reply)?;
+    if &reply == b"+PONG\r\n" {
+        Ok(())
+    } else {
+        Err(io::Error::other("unexpected reply to PING"))
+    }
+}
+
+/// Three masters, no replicas, all slots covered: a real Redis Cluster.
+pub struct RedisCluster {
+    servers: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts three cluster-enabled servers, joins them with `redis-cli
+    /// --cluster create`, and waits until every node says
+    /// `cluster_state:ok`.
+    pub fn start() -> io::Result<RedisCluster> {
+        let mut servers = Vec::new();
+        for _ in 0..3 {
+            let dir_hint = servers.len();
+            servers.push(RedisServer::start_with(vec![
+                "--cluster-enabled".into(),
+                "yes".into(),
+                "--cluster-config-file".into(),
+                format!("nodes-{dir_hint}-{}.conf", std::process::id()),
+                "--cluster-node-timeout".into(),
+                "5000".into(),
+            ])?);
+        }
+        let nodes: Vec<String> = servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port()))
+            .collect();
+        let output = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&nodes)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()?;
+        if !output.status.success() {
+            return Err(io::Error::other(format!(
+                "redis-cli --cluster create failed: {}",
+                String::from_utf8_lossy(&output.stdout)
+            )));
+        }
+        let cluster = RedisCluster { servers };
+        let deadline = Instant::now() + CLUSTER_TIMEOUT;
+        while Instant::now() < deadline {
+            if cluster.servers.iter().all(|s| cluster_ok(s.port())) {
+                return Ok(cluster);
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        Err(io::Error::other(
+            "the cluster did not reach cluster_state:ok",
+        ))
+    }
+
+    /// `redis://127.0.0.1:port` of each master.
+    pub fn urls(&self) -> Vec<String> {
+        self.servers.iter().map(RedisServer::url).collect()
+    }
+
+    /// The masters' ports.
+    pub fn ports(&self) -> Vec<u16> {
+        self.servers.iter().map(RedisServer::port).collect()
+    }
+}
+
+fn cluster_ok(port: u16) -> bool {
+    Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "cluster", "info"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("cluster_state:ok"))
+        .unwrap_or(false)
+}
+
+/// Runs `redis-cli -p port ARGS...` and returns its stdout.
+pub fn redis_cli(port: u16, args: &[&str]) -> io::Result<String> {
+    let output = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()?;
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
