@@ -1,11 +1,11 @@
 //! turnstile's benchmarks: one criterion entry, one submodule per subject
-//! (`direct`, `keyed`; `redis` and the peers' crates as they land), each
-//! putting turnstile and its peers in one group so the ratios come from one
-//! run on one machine.
+//! (`direct`: one bucket; `keyed`: one bucket per key), each putting
+//! turnstile and its peers in one group so the ratios come from one run on
+//! one machine. `BENCHMARKS.md` holds the figures of one full run.
 //!
 //! ```text
 //! cargo bench --bench turnstile                       # everything
-//! cargo bench --bench turnstile -- direct             # one group
+//! cargo bench --bench turnstile -- direct             # the direct groups
 //! cargo bench --bench turnstile -- keyed              # the keyed groups
 //! cargo bench --bench turnstile -- --warm-up-time 1 --measurement-time 3
 //! ```
