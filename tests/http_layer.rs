@@ -16,6 +16,10 @@ use turnstile::http::{
 };
 use turnstile::{Decision, KeyedLimiter, ManualClock, Quota};
 
+#[path = "support/http_server.rs"]
+mod http_server;
+use http_server::serve;
+
 type Manual = KeyedLimiter<HttpKey, ManualClock>;
 /// Request headers as (name, raw bytes).
 type Headers<'a> = &'a [(&'a str, &'a [u8])];
@@ -36,22 +40,6 @@ fn axum_peer() -> ClientIp {
 
 fn api_key() -> KeyExtractor {
     KeyExtractor::header(HeaderName::from_static("x-api-key")).client_ip(axum_peer())
-}
-
-async fn serve(app: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .expect("serve");
-    });
-    format!("http://{addr}")
 }
 
 fn client() -> reqwest::Client {

@@ -14,6 +14,10 @@ use http::{HeaderName, StatusCode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
 use turnstile::http::{ClientIp, HttpKey, KeyExtractor, RateLimitLayer, DECISIONS_METRIC};
+
+#[path = "support/http_server.rs"]
+mod http_server;
+use http_server::serve;
 use turnstile::{KeyedLimiter, ManualClock};
 
 const REQUESTS: usize = 20_000;
@@ -45,17 +49,7 @@ async fn twenty_thousand_requests_admit_exactly_the_burst() {
     });
     let app = Router::new().route("/api", get(|| async { "data" }).layer(layer));
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}/api", listener.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-    });
+    let url = format!("{}/api", serve(app).await);
 
     let client = reqwest::Client::builder()
         .no_proxy()

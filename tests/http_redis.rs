@@ -17,6 +17,9 @@ use turnstile::http::{ClientIp, KeyExtractor, RateLimitLayer};
 use turnstile::redis::{FailurePolicy, RedisLimiter};
 use turnstile::Quota;
 
+#[path = "support/http_server.rs"]
+mod http_server;
+use http_server::serve;
 #[path = "support/redis_server.rs"]
 mod redis_server;
 use redis_server::RedisServer;
@@ -40,20 +43,7 @@ async fn gateway(redis: &RedisServer, quota: &str, policy: FailurePolicy) -> Str
         .key(key)
         .build()
         .expect("layer");
-    let app = Router::new().route("/", get(|| async { "hello" }).layer(layer));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .expect("serve");
-    });
-    format!("http://{addr}")
+    serve(Router::new().route("/", get(|| async { "hello" }).layer(layer))).await
 }
 
 async fn request(url: &str, api_key: &str) -> reqwest::Response {
