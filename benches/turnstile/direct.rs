@@ -36,21 +36,17 @@ use criterion::{BenchmarkGroup, Criterion, Throughput};
 use turnstile::reference::SeedTokenBucket;
 use turnstile::{Clock, DirectLimiter, Quota, RecentClock};
 
-/// Whether the timed checks are allowed or denied.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Allowed,
-    Denied,
+use crate::mode::Mode;
+
+/// This module's quotas for each [`Mode`].
+trait Setup {
+    fn quota(self) -> Quota;
+    fn governor(self) -> governor::Quota;
+    fn ratelimit(self) -> ratelimit::Ratelimiter;
+    fn seed(self) -> SeedTokenBucket<String>;
 }
 
-impl Mode {
-    fn name(self) -> &'static str {
-        match self {
-            Mode::Allowed => "allowed",
-            Mode::Denied => "denied",
-        }
-    }
-
+impl Setup for Mode {
     /// Allowed: 1e9 per second, burst 1e9 (T = 1 ns, tau = 1 s).
     /// Denied: 1 per hour, burst 1.
     fn quota(self) -> Quota {

@@ -87,6 +87,8 @@ use governor::state::keyed::DashMapStateStore;
 use turnstile::reference::SeedTokenBucket;
 use turnstile::{Clock, Gcra, KeyedLimiter, QuantaClock, Quota, Step};
 
+use crate::mode::Mode;
+
 #[path = "../../tests/support/keys.rs"]
 mod keys;
 use keys::SplitMix;
@@ -98,21 +100,14 @@ const BURST: u32 = 1_000_000_000;
 /// goes idle while a million others are warmed.
 const INTERVAL: Duration = Duration::from_secs(15);
 
-/// Whether the timed checks are allowed or denied.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Allowed,
-    Denied,
+/// This module's quotas for each [`Mode`].
+trait Setup {
+    fn quota(self) -> Quota;
+    fn governor(self) -> governor::Quota;
+    fn seed<K: Hash + Eq>(self) -> SeedTokenBucket<K>;
 }
 
-impl Mode {
-    fn name(self) -> &'static str {
-        match self {
-            Mode::Allowed => "allowed",
-            Mode::Denied => "denied",
-        }
-    }
-
+impl Setup for Mode {
     /// Allowed: 1 per [`INTERVAL`], burst [`BURST`]. Denied: 1 per hour,
     /// burst 1.
     fn quota(self) -> Quota {

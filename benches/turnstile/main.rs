@@ -18,6 +18,7 @@ use criterion::{criterion_group, criterion_main};
 
 mod direct;
 mod keyed;
+mod mode;
 
 criterion_group!(benches, direct::bench, keyed::bench);
 criterion_main!(benches);
