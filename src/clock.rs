@@ -109,7 +109,7 @@ impl Clock for RecentClock {
     #[inline]
     fn now(&self) -> u64 {
         let elapsed = self.clock.recent().saturating_duration_since(self.origin);
-        u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX)
+        saturating_nanos(elapsed)
     }
 }
 
@@ -138,7 +138,7 @@ impl Default for MonotonicClock {
 impl Clock for MonotonicClock {
     #[inline]
     fn now(&self) -> u64 {
-        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+        saturating_nanos(self.origin.elapsed())
     }
 }
 
@@ -212,7 +212,8 @@ impl Clock for ManualClock {
     }
 }
 
-fn saturating_nanos(d: Duration) -> u64 {
+/// `d` in whole nanoseconds, `u64::MAX` for anything longer (584 years).
+pub(crate) fn saturating_nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 

@@ -30,7 +30,7 @@ use std::hash::Hash;
 use std::time::Duration;
 
 use crate::algorithm::Algorithm;
-use crate::clock::Clock;
+use crate::clock::{saturating_nanos, Clock};
 use crate::error::CostError;
 use crate::{Decision, DirectLimiter, KeyedLimiter};
 
@@ -56,7 +56,7 @@ impl Jitter {
         if self.max.is_zero() {
             return Duration::ZERO;
         }
-        let max = u64::try_from(self.max.as_nanos()).unwrap_or(u64::MAX);
+        let max = saturating_nanos(self.max);
         Duration::from_nanos(fastrand::u64(0..=max))
     }
 }

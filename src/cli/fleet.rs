@@ -117,6 +117,7 @@ async fn share(
                 } else {
                     &denied
                 };
+                // Relaxed: plain tallies, read only after every task is joined.
                 counter[user].fetch_add(1, Ordering::Relaxed);
                 user = (user + 1) % users;
             }

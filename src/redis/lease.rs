@@ -42,6 +42,7 @@ use std::num::NonZeroU64;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::clock::saturating_nanos;
 use crate::Decision;
 
 /// One gateway's unspent tokens of one key.
@@ -115,7 +116,7 @@ impl Leases {
         }
         lease.tokens -= n;
         let left = lease.tokens;
-        let reset = duration_nanos(lease.resets.saturating_duration_since(now));
+        let reset = saturating_nanos(lease.resets.saturating_duration_since(now));
         if left == 0 {
             map.leases.remove(key);
         }
@@ -155,10 +156,6 @@ impl Leases {
         lease.resets = now + reset_after;
         lease.tokens
     }
-}
-
-fn duration_nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

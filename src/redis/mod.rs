@@ -103,6 +103,7 @@ use self::lease::Leases;
 use self::metrics::Metrics;
 use self::script::GcraScript;
 use crate::algorithm::Algorithm;
+use crate::clock::saturating_nanos;
 use crate::{Clock, Decision, Quota};
 
 /// The call timeout unless set: tens of milliseconds, about 200 loopback
@@ -295,8 +296,7 @@ impl RedisLimiterBuilder {
             Connection::single(&self.nodes[0], self.timeout)?
         };
         let interval =
-            NonZeroU64::new(u64::try_from(script.interval().as_nanos()).unwrap_or(u64::MAX))
-                .unwrap_or(NonZeroU64::MIN);
+            NonZeroU64::new(saturating_nanos(script.interval())).unwrap_or(NonZeroU64::MIN);
         Ok(RedisLimiter {
             quota: self.quota,
             script,
@@ -438,7 +438,7 @@ impl RedisLimiter {
                     reply.decision.limit(),
                     remaining.saturating_mul(self.interval.get()),
                     self.interval,
-                    u64::try_from(reply.decision.reset_after().as_nanos()).unwrap_or(u64::MAX),
+                    saturating_nanos(reply.decision.reset_after()),
                 ))
             }
             _ => Ok(reply.decision),
@@ -458,10 +458,11 @@ impl RedisLimiter {
         match &self.time {
             TimeSource::Server => Ok(None),
             TimeSource::Client(clock) => {
-                let micros = clock.now() / 1_000;
+                let now = clock.now();
+                let micros = now / 1_000;
                 if micros >= MAX_NOW_MICROS {
                     return Err(RedisLimitError::ClockOutOfRange {
-                        now: Duration::from_nanos(clock.now()),
+                        now: Duration::from_nanos(now),
                         max: Duration::from_micros(MAX_NOW_MICROS - 1),
                     });
                 }

@@ -13,6 +13,7 @@ use std::fmt;
 use std::num::NonZeroU64;
 use std::time::Duration;
 
+use crate::clock::saturating_nanos;
 use crate::{Decision, KeyedLimiter};
 
 /// What a check answers when Redis cannot decide.
@@ -59,7 +60,7 @@ impl FailurePolicy {
         interval: NonZeroU64,
         retry_in: Duration,
     ) -> Decision {
-        let retry = u64::try_from(retry_in.as_nanos()).unwrap_or(u64::MAX);
+        let retry = saturating_nanos(retry_in);
         let closed = Decision::denied(limit, 0, interval, 0, retry);
         match self {
             FailurePolicy::FailOpen => Decision::allowed(limit, 0, interval, 0),
