@@ -32,10 +32,18 @@ pub(crate) struct Cell {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Tombstoned;
 
-/// CAS retries taken by all cells, counted only in unit tests so the stress
-/// tests can assert that they really raced.
-#[cfg(all(test, not(turnstile_loom)))]
+/// CAS retries taken by all cells of the process: read by `stats()`, and by
+/// the stress tests to assert that they really raced. Written only when a
+/// CAS fails, never on an uncontended check. (Not under loom, whose atomics
+/// cannot live in a static, and whose models count their own races.)
+#[cfg(not(turnstile_loom))]
 pub(crate) static CAS_RETRIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+#[inline]
+fn count_retry() {
+    #[cfg(not(turnstile_loom))]
+    CAS_RETRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
 
 impl Cell {
     pub(crate) fn new(state: u64) -> Self {
@@ -72,8 +80,7 @@ impl Cell {
             ) {
                 Ok(_) => return Ok(step.decision),
                 Err(actual) => {
-                    #[cfg(all(test, not(turnstile_loom)))]
-                    CAS_RETRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    count_retry();
                     current = actual;
                 }
             }
@@ -98,6 +105,39 @@ impl Cell {
                 Ok(_) => return true,
                 // An update landed first: judge its state afresh.
                 Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Replaces the state with `change(state)` when that is `Some`, in one
+    /// CAS loop, so the change lands atomically between whole decisions and
+    /// is applied to the state current at that instant. Returns the state
+    /// it wrote, or `None` when `change` asked for nothing.
+    pub(crate) fn modify(
+        &self,
+        change: impl Fn(u64) -> Option<u64>,
+    ) -> Result<Option<u64>, Tombstoned> {
+        let mut current = self.state.load(Ordering::Relaxed);
+        loop {
+            if current == TOMBSTONE {
+                return Err(Tombstoned);
+            }
+            let Some(next) = change(current) else {
+                return Ok(None);
+            };
+            debug_assert_ne!(next, TOMBSTONE, "a change produced the tombstone");
+            // Relaxed, as in `update`: the word publishes nothing else.
+            match self.state.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(Some(next)),
+                Err(actual) => {
+                    count_retry();
+                    current = actual;
+                }
             }
         }
     }

@@ -90,6 +90,129 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
     }
 }
 
+impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
+    /// The decision a [`check`](DirectLimiter::check) would get now, without
+    /// taking anything: one load of the cell, no write, so a later check is
+    /// decided exactly as if this call had not been made.
+    ///
+    /// ```
+    /// use turnstile::DirectLimiter;
+    ///
+    /// let limiter = DirectLimiter::new("3/min".parse()?);
+    /// assert_eq!(limiter.peek().remaining(), 2);
+    /// assert_eq!(limiter.peek().remaining(), 2, "peeking took nothing");
+    /// assert_eq!(limiter.check().remaining(), 2);
+    /// # Ok::<(), turnstile::QuotaError>(())
+    /// ```
+    pub fn peek(&self) -> Decision {
+        // Cost 1 is always valid: every algorithm's limit is at least 1.
+        self.peek_as(1)
+    }
+
+    /// [`peek`](DirectLimiter::peek) for a request of cost `n`: an error,
+    /// not a denial, when `n` is 0 or above the burst.
+    ///
+    /// ```
+    /// use turnstile::{CostError, DirectLimiter};
+    ///
+    /// let limiter = DirectLimiter::new("10/s".parse()?);
+    /// assert!(limiter.peek_n(10).unwrap().is_allowed());
+    /// assert_eq!(limiter.peek_n(0), Err(CostError::Zero));
+    /// # Ok::<(), turnstile::QuotaError>(())
+    /// ```
+    pub fn peek_n(&self, n: u64) -> Result<Decision, CostError> {
+        self.algorithm.check_cost(n)?;
+        Ok(self.peek_as(n))
+    }
+
+    /// Fills the bucket again, as if it had never been used. Returns whether
+    /// it was in use. One CAS: a check racing it lands before or after.
+    ///
+    /// ```
+    /// use turnstile::DirectLimiter;
+    ///
+    /// let limiter = DirectLimiter::new("1/h".parse()?);
+    /// let _ = limiter.check();
+    /// assert!(limiter.check().is_denied());
+    /// assert!(limiter.reset());
+    /// assert!(limiter.check().is_allowed());
+    /// # Ok::<(), turnstile::QuotaError>(())
+    /// ```
+    pub fn reset(&self) -> bool {
+        // State 0 is a full bucket for every algorithm.
+        matches!(
+            self.cell.modify(|state| (state != 0).then_some(0)),
+            Ok(Some(_))
+        )
+    }
+
+    fn peek_as(&self, cost: u64) -> Decision {
+        let now = self.clock.now();
+        self.algorithm.decide(self.cell.load(), now, cost).decision
+    }
+}
+
+impl<C: Clock> DirectLimiter<C, Gcra> {
+    /// Gives back `n` tokens a check took (the request was not served).
+    /// Returns whether anything was given back.
+    ///
+    /// At its instant `now`, one CAS sets `TAT := max(TAT - n*T, now)`:
+    /// exact (each token took exactly `T`), never fuller than full, and a
+    /// no-op when the bucket has refilled by itself in the meantime. A
+    /// refund racing checks lands between two of them, as if applied at its
+    /// own instant. An error, not a no-op, when `n` is 0 or above the burst.
+    ///
+    /// ```
+    /// use turnstile::DirectLimiter;
+    ///
+    /// let limiter = DirectLimiter::new("10/min".parse()?);
+    /// assert_eq!(limiter.check_n(3)?.remaining(), 7);
+    /// assert!(limiter.refund(3)?);
+    /// assert_eq!(limiter.peek().remaining(), 9);
+    /// assert!(!limiter.refund(1)?, "already full");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn refund(&self, n: u64) -> Result<bool, CostError> {
+        self.algorithm.check_cost(n)?;
+        let now = self.clock.now();
+        let algorithm = &self.algorithm;
+        Ok(matches!(
+            self.cell.modify(|tat| algorithm.refunded(tat, now, n)),
+            Ok(Some(_))
+        ))
+    }
+
+    /// Changes the quota, keeping what was spent: the TAT (the time the
+    /// bucket is full again) is kept, so no caller gets a fresh burst, and
+    /// clamped to an empty bucket of the new quota (`now + tau`), so a debt
+    /// beyond the new burst is forgiven rather than waited out.
+    ///
+    /// Takes `&mut self`: checks pay nothing on their path for a quota that
+    /// can change. Hold the limiter in a lock taken for writing only here if
+    /// it must change while shared.
+    ///
+    /// ```
+    /// use turnstile::{DirectLimiter, ManualClock};
+    ///
+    /// let mut limiter = DirectLimiter::with_clock("10/s burst 20".parse()?, ManualClock::new());
+    /// let _ = limiter.check_n(10)?; // half the burst spent
+    /// limiter.set_quota("10/s burst 40".parse()?);
+    /// assert_eq!(limiter.peek().remaining(), 29, "40 - 10 spent - 1");
+    /// limiter.set_quota("10/s burst 5".parse()?);
+    /// // Spent 10, more than the new burst of 5: empty, not in debt.
+    /// assert!(limiter.peek().is_denied());
+    /// assert_eq!(limiter.peek().retry_after(), Some(std::time::Duration::from_millis(100)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_quota(&mut self, quota: Quota) {
+        let gcra = Gcra::new(&quota);
+        let now = self.clock.now();
+        // A direct limiter's cell is never tombstoned: the result is Ok.
+        let _ = self.cell.modify(|tat| gcra.clamped(tat, now));
+        self.algorithm = gcra;
+    }
+}
+
 impl<C: Clock, A: Algorithm + fmt::Debug> fmt::Debug for DirectLimiter<C, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DirectLimiter")

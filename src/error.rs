@@ -101,3 +101,31 @@ pub enum CostError {
         burst: u64,
     },
 }
+
+/// A list of quotas (`"10/s burst 20; 1000/h"`) that cannot be built or
+/// parsed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum QuotasError {
+    /// No quota at all: a limiter must have at least one limit.
+    #[error("empty quota list: expected QUOTA[; QUOTA...], for example \"10/s burst 20; 1000/h\"")]
+    Empty,
+    /// More limits than one check combines.
+    #[error("{count} quotas given, at most {max} combine in one check")]
+    TooMany {
+        /// How many were given.
+        count: usize,
+        /// The most allowed.
+        max: usize,
+    },
+    /// One quota of the list is wrong.
+    #[error("quota {} of the list ({text:?}): {source}", index + 1)]
+    Quota {
+        /// Its position in the list, from 0.
+        index: usize,
+        /// Its text.
+        text: String,
+        /// What is wrong with it.
+        source: QuotaError,
+    },
+}

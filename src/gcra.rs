@@ -62,6 +62,34 @@ impl Gcra {
     }
 }
 
+impl Gcra {
+    /// The state after giving back `cost` tokens at `now` to a bucket whose
+    /// theoretical arrival time is `tat`, or `None` when there is nothing to
+    /// give back (the bucket is full: `tat <= now`).
+    ///
+    /// `tat' = max(tat - cost * T, now)`: never fuller than full (a state at
+    /// or before `now` is a full bucket), and exact otherwise, since every
+    /// token a check took added exactly `T` to the TAT.
+    pub(crate) fn refunded(&self, tat: u64, now: u64, cost: u64) -> Option<u64> {
+        if tat <= now || tat == TOMBSTONE {
+            return None;
+        }
+        // cost <= burst, so the product is at most tau: it fits.
+        let back = cost.min(self.burst.get()) * self.interval.get();
+        Some(tat.saturating_sub(back).max(now))
+    }
+
+    /// The state a bucket of `tat` takes under this (new) quota at `now`:
+    /// the TAT is kept, so what a caller spent stays spent, but never more
+    /// than an empty bucket of this quota (`now + tau`), so a caller who had
+    /// spent more than the new burst owes no more than the new burst. `None`
+    /// when the TAT is already within the new tolerance.
+    pub(crate) fn clamped(&self, tat: u64, now: u64) -> Option<u64> {
+        let empty = now.saturating_add(self.tolerance);
+        (tat > empty && tat != TOMBSTONE && empty != TOMBSTONE).then_some(empty)
+    }
+}
+
 impl sealed::Sealed for Gcra {}
 
 impl Algorithm for Gcra {

@@ -45,6 +45,9 @@
 //! that thread finishes its chunk (at most [`MIGRATION_CHUNK`] slots).
 //! [`KeyedLimiter::evict_idle`] likewise waits for claimed chunks.
 
+// peek, reset, refund, set_quota and stats: the operations beside `check`.
+mod ops;
+
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::Hash;
@@ -55,6 +58,7 @@ use crate::cell::Tombstoned;
 use crate::clock::{Clock, DefaultClock};
 use crate::error::CostError;
 use crate::map::{Map, Node, Pinned};
+use crate::stats::{Counters, Event};
 use crate::sync::{AtomicU64, Ordering};
 use crate::{Decision, Gcra, Quota};
 
@@ -110,6 +114,8 @@ pub struct KeyedLimiter<K, C: Clock = DefaultClock, A: Algorithm = Gcra> {
     overflow: OverflowPolicy,
     /// Clock time of the next housekeeping step.
     next_tick: AtomicU64,
+    /// Evictions and overflows, counted on their own (cold) paths.
+    counters: Counters,
 }
 
 impl<K> KeyedLimiter<K>
@@ -180,7 +186,9 @@ where
     pub fn evict_idle(&self) -> usize {
         let now = self.clock.now();
         let idle = |state| self.algorithm.is_idle(state, now);
-        self.map.pin().evict_all_idle(&idle)
+        let evicted = self.map.pin().evict_all_idle(&idle);
+        self.counters.add(Event::IdleEvictions, evicted as u64);
+        evicted
     }
 
     /// Slots in the map's current table (for memory accounting).
@@ -265,7 +273,9 @@ where
             }
             match self.overflow {
                 OverflowPolicy::EvictFullest => {
-                    map.evict_one_near(hash, OVERFLOW_SAMPLE);
+                    if map.evict_one_near(hash, OVERFLOW_SAMPLE) {
+                        self.counters.add(Event::OverflowEviction, 1);
+                    }
                 }
                 OverflowPolicy::Deny | OverflowPolicy::AllowUntracked => return None,
             }
@@ -277,8 +287,14 @@ where
     fn overflow_decision(&self, algorithm: &impl Algorithm, now: u64, cost: u64) -> Decision {
         let fresh = algorithm.decide(0, now, cost).decision;
         match self.overflow {
-            OverflowPolicy::AllowUntracked => fresh,
-            OverflowPolicy::EvictFullest | OverflowPolicy::Deny => fresh.refused(),
+            OverflowPolicy::AllowUntracked => {
+                self.counters.add(Event::OverflowUntracked, 1);
+                fresh
+            }
+            OverflowPolicy::EvictFullest | OverflowPolicy::Deny => {
+                self.counters.add(Event::OverflowRefusal, 1);
+                fresh.refused()
+            }
         }
     }
 
@@ -294,7 +310,8 @@ where
             )
             .is_ok()
         {
-            map.maintain(SWEEP_SLOTS, idle);
+            let evicted = map.maintain(SWEEP_SLOTS, idle);
+            self.counters.add(Event::IdleEvictions, evicted as u64);
         }
     }
 }
@@ -416,6 +433,7 @@ where
             max_keys: self.max_keys,
             overflow: self.overflow,
             next_tick: AtomicU64::new(TICK),
+            counters: Counters::default(),
         }
     }
 }

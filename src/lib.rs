@@ -80,10 +80,13 @@ mod gcra;
 pub mod http;
 pub mod keyed;
 mod map;
+mod multi;
 mod quota;
+mod quotas;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod reference;
+mod stats;
 mod sync;
 #[cfg(feature = "tokio")]
 mod wait;
@@ -92,10 +95,13 @@ pub use algorithm::{Algorithm, Step, TOMBSTONE};
 pub use clock::{Clock, DefaultClock, ManualClock, MonotonicClock, QuantaClock, RecentClock};
 pub use decision::Decision;
 pub use direct::DirectLimiter;
-pub use error::{CostError, QuotaError};
+pub use error::{CostError, QuotaError, QuotasError};
 pub use gcra::Gcra;
 pub use keyed::{KeyedLimiter, KeyedLimiterBuilder, OverflowPolicy};
+pub use multi::{KeyedMultiLimiter, MultiDecision, MultiLimiter};
 pub use quota::Quota;
+pub use quotas::{Quotas, MAX_LIMITS};
+pub use stats::Stats;
 #[cfg(feature = "tokio")]
 pub use wait::Jitter;
 

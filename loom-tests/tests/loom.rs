@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loom::thread;
-use turnstile::{DirectLimiter, KeyedLimiter, ManualClock, Quota};
+use turnstile::{DirectLimiter, KeyedLimiter, ManualClock, MultiLimiter, Quota, Quotas};
 
 /// Runs `body` under loom on a thread with room for crossbeam-epoch's
 /// frames: loom's default stack is small, and running out of it is a
@@ -141,4 +141,76 @@ fn reader_holds_node_through_reclamation() {
         let last = limiter.check(&1);
         assert_eq!(last.remaining(), 0, "the reader's update was lost");
     });
+}
+
+/// Executions, across one model's run, in which its named race was reached.
+/// std's atomics, not loom's: it must outlive each execution.
+static MULTI_RACE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static REFUND_RACE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// (f) Several limits, charge then roll back: two checks that the second
+/// limit denies, racing on the first limit. The race: one check meets the
+/// other's charge on the first limit before it is rolled back (it reports
+/// the first limit as binding). In every interleaving both are denied and
+/// the first limit ends with exactly the one admitted token taken: no
+/// rolled-back charge leaks.
+#[test]
+fn multi_rollback_meets_a_racing_charge() {
+    MULTI_RACE.store(0, std::sync::atomic::Ordering::Relaxed);
+    model(|| {
+        // First limit: burst 2, 2 h a token; second: burst 1, 1 h a token.
+        // A check denied by the first waits 2 h, by the second 1 h.
+        let quotas: Quotas = "1/2h burst 2; 1/h burst 1".parse().unwrap();
+        let limiter = Arc::new(MultiLimiter::with_clock(quotas, ManualClock::new()));
+        assert!(limiter.check().is_allowed());
+        let other = limiter.clone();
+        let a = spawn(move || other.check());
+        let b = limiter.check();
+        let a = a.join().unwrap();
+        for d in [a, b] {
+            assert!(d.is_denied());
+            if d.binding() == 0 {
+                MULTI_RACE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let first = limiter.limits()[0].peek();
+        assert!(first.is_allowed(), "a rolled-back charge leaked");
+        assert_eq!(first.remaining(), 0, "the admitted token was given back");
+    });
+    assert!(
+        MULTI_RACE.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "no execution met a charge before its rollback"
+    );
+}
+
+/// (g) A refund racing a check on the last token: a check that lands
+/// between another's check and its refund is denied (the race), and in
+/// every interleaving the bucket ends holding exactly the tokens not given
+/// back.
+#[test]
+fn refund_races_a_check() {
+    REFUND_RACE.store(0, std::sync::atomic::Ordering::Relaxed);
+    model(|| {
+        let limiter = Arc::new(DirectLimiter::with_clock(quota(1), ManualClock::new()));
+        let other = limiter.clone();
+        let a = spawn(move || {
+            if other.check().is_allowed() {
+                assert_eq!(other.refund(1), Ok(true), "its own token was still out");
+            }
+        });
+        let b = limiter.check().is_allowed();
+        a.join().unwrap();
+        if !b {
+            REFUND_RACE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        assert_eq!(
+            limiter.peek().is_allowed(),
+            !b,
+            "a refund was lost or doubled"
+        );
+    });
+    assert!(
+        REFUND_RACE.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "no check landed between a check and its refund"
+    );
 }

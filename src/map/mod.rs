@@ -135,6 +135,15 @@ impl<K: Hash + Eq> Pinned<'_, K> {
         self.raw.unreserve()
     }
 
+    /// Tombstones the live node for `key`, whatever its state.
+    pub(crate) fn remove<Q>(&self, hash: u64, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Eq,
+    {
+        self.raw.remove(hash, key, &self.guard)
+    }
+
     /// Tombstones the least-informative live key near `hash`.
     pub(crate) fn evict_one_near(&self, hash: u64, sample: usize) -> bool {
         self.raw.evict_one_near(hash, sample, &self.guard)

@@ -658,6 +658,24 @@ impl<K: Hash + Eq> RawMap<K> {
         }
         claimed
     }
+
+    /// Tombstones the live node for `key`, whatever its state, and counts
+    /// it out of `len`; its slot is reclaimed by the next migration, as an
+    /// evicted one is. Returns false if no live node held `key`, or another
+    /// evictor claimed it first (the key was absent from that instant on).
+    pub(crate) fn remove<Q>(&self, hash: u64, key: &Q, guard: &Guard) -> bool
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Eq,
+    {
+        let claimed = self
+            .find(hash, key, guard)
+            .is_some_and(|node| node.cell.try_claim(|_| true));
+        if claimed {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+        claimed
+    }
 }
 
 impl<K> Table<K> {

@@ -50,6 +50,10 @@ pub enum RedisLimitError {
         /// The most allowed.
         max: usize,
     },
+    /// Redis gave no answer to a peek, refund, reset or multi-limit call
+    /// (these have no failure policy: the caller decides what to do).
+    #[error("Redis did not answer: {0}")]
+    Unavailable(String),
     /// A client-side clock ([`TimeSource::Client`](super::TimeSource)) read
     /// a time the script cannot hold exactly.
     #[error("the client clock reads {now:?}, past the {max:?} the script holds exactly")]

@@ -83,6 +83,7 @@ mod error;
 mod http;
 pub mod lease;
 mod metrics;
+mod ops;
 mod policy;
 pub mod script;
 
@@ -93,6 +94,7 @@ use std::time::{Duration, Instant};
 pub use breaker::{BreakerConfig, BreakerState};
 pub use error::{RedisBuildError, RedisLimitError};
 pub use metrics::{LatencySnapshot, MetricsSnapshot};
+pub use ops::RedisMulti;
 pub use policy::FailurePolicy;
 pub use script::{MAX_NOW_MICROS, MAX_TOLERANCE_MICROS};
 

@@ -129,6 +129,11 @@ impl GcraScript {
         Duration::from_micros(self.interval_micros)
     }
 
+    /// `(T, tau)` in whole microseconds, as the scripts take them.
+    pub(crate) fn micros(&self) -> (u64, u64) {
+        (self.interval_micros, self.tolerance_micros)
+    }
+
     /// The pure GCRA the script runs.
     pub(crate) fn gcra(&self) -> &Gcra {
         &self.gcra
