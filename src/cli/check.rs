@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use turnstile::algorithms::{FixedWindow, SlidingLog, SlidingWindow};
-use turnstile::{Decision, DirectLimiter, QuantaClock, Quota};
+use turnstile::{Decision, DirectLimiter, MultiLimiter, QuantaClock, Quota, Quotas};
 
 use super::UsageError;
 
@@ -16,9 +16,12 @@ const MAX_RUN: Duration = Duration::from_secs(600);
 #[derive(Debug, Args)]
 pub(crate) struct CheckArgs {
     /// The quota to try, in the library's syntax: COUNT/PERIOD [burst B],
-    /// for example "100/min", "10/s burst 20", "3/1.5s".
-    #[arg(long, value_name = "QUOTA")]
-    quota: String,
+    /// for example "100/min", "10/s burst 20", "3/1.5s". Several limits on
+    /// the same requests (GCRA only): a list such as "10/s burst 20;
+    /// 1000/h", or the flag given again; a request passes only if every
+    /// limit admits it, and the "limit" column names the binding one.
+    #[arg(long, value_name = "QUOTA", required = true)]
+    quota: Vec<String>,
     /// How many checks to run.
     #[arg(long, default_value_t = 10, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
@@ -85,14 +88,18 @@ fn parse_interval(text: &str) -> Result<Duration, String> {
 
 /// Runs the checks and prints one line per decision.
 pub(crate) fn run(args: &CheckArgs, out: &mut impl Write) -> Result<(), UsageError> {
-    let quota: Quota = args.quota.parse()?;
-    let run_time = args.interval.saturating_mul(args.requests - 1);
-    if run_time > MAX_RUN {
-        return Err(UsageError(format!(
-            "{} requests {:?} apart would run for {run_time:?}, more than {MAX_RUN:?}",
-            args.requests, args.interval
-        )));
+    let quotas: Quotas = args.quota.join(";").parse()?;
+    if quotas.len() > 1 {
+        if args.algorithm != CheckAlgorithm::Gcra {
+            return Err(UsageError(
+                "several quotas combine under GCRA only: drop --algorithm, or give one quota"
+                    .to_owned(),
+            ));
+        }
+        return run_multi(args, quotas, out);
     }
+    let quota: Quota = quotas.as_slice()[0];
+    check_run_time(args)?;
     let check: Box<dyn Fn() -> Decision> = match args.algorithm {
         CheckAlgorithm::Gcra => {
             let limiter = DirectLimiter::new(quota);
@@ -130,20 +137,62 @@ pub(crate) fn run(args: &CheckArgs, out: &mut impl Write) -> Result<(), UsageErr
             quota.period()
         )?,
     }
-    writeln!(
+    paced(args, out, false, || (check(), 0))
+}
+
+/// `check` with several quotas: one `MultiLimiter`.
+fn run_multi(args: &CheckArgs, quotas: Quotas, out: &mut impl Write) -> Result<(), UsageError> {
+    check_run_time(args)?;
+    writeln!(out, "quotas \"{quotas}\" (GCRA, all must admit):")?;
+    for (i, quota) in quotas.as_slice().iter().enumerate() {
+        writeln!(
+            out,
+            "  limit {i}: \"{quota}\", burst {}, one token back every {:?}",
+            quota.burst_size(),
+            quota.emission_interval()
+        )?;
+    }
+    let limiter = MultiLimiter::new(quotas);
+    paced(args, out, true, || {
+        let d = limiter.check();
+        (d.decision(), d.binding())
+    })
+}
+
+fn check_run_time(args: &CheckArgs) -> Result<(), UsageError> {
+    let run_time = args.interval.saturating_mul(args.requests - 1);
+    if run_time > MAX_RUN {
+        return Err(UsageError(format!(
+            "{} requests {:?} apart would run for {run_time:?}, more than {MAX_RUN:?}",
+            args.requests, args.interval
+        )));
+    }
+    Ok(())
+}
+
+/// Runs `args.requests` checks `args.interval` apart, one line each (with
+/// the binding limit when `multi`).
+fn paced(
+    args: &CheckArgs,
+    out: &mut impl Write,
+    multi: bool,
+    check: impl Fn() -> (Decision, usize),
+) -> Result<(), UsageError> {
+    write!(
         out,
         "{:>6}  {:>10}  {:<8}  {:>9}  {:>14}  {:>14}",
         "#", "time", "decision", "remaining", "retry_after", "reset_after"
     )?;
+    writeln!(out, "{}", if multi { "  limit" } else { "" })?;
     let start = Instant::now();
     for i in 0..args.requests {
         let due = start + args.interval.saturating_mul(i);
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
-        let decision = check();
+        let (decision, binding) = check();
         let at = start.elapsed();
-        writeln!(
+        write!(
             out,
             "{:>6}  {:>9.3}s  {:<8}  {:>9}  {:>14}  {:>14}",
             i + 1,
@@ -159,6 +208,10 @@ pub(crate) fn run(args: &CheckArgs, out: &mut impl Write) -> Result<(), UsageErr
                 .map_or_else(|| "-".to_owned(), |d| format!("{d:?}")),
             format!("{:?}", decision.reset_after()),
         )?;
+        if multi {
+            write!(out, "  {binding:>5}")?;
+        }
+        writeln!(out)?;
     }
     Ok(())
 }
@@ -187,7 +240,7 @@ mod tests {
     #[test]
     fn a_bad_quota_is_a_usage_error() {
         let args = CheckArgs {
-            quota: "0/s".into(),
+            quota: vec!["0/s".into()],
             requests: 1,
             interval: Duration::ZERO,
             algorithm: CheckAlgorithm::Gcra,
@@ -199,7 +252,7 @@ mod tests {
     #[test]
     fn a_quota_the_window_cannot_hold_is_a_usage_error() {
         let args = CheckArgs {
-            quota: "5/100ms".into(),
+            quota: vec!["5/100ms".into()],
             requests: 1,
             interval: Duration::ZERO,
             algorithm: CheckAlgorithm::SlidingWindow,
@@ -211,7 +264,7 @@ mod tests {
     #[test]
     fn a_burst_prints_one_line_per_decision() {
         let args = CheckArgs {
-            quota: "1/min burst 3".into(),
+            quota: vec!["1/min burst 3".into()],
             requests: 4,
             interval: Duration::ZERO,
             algorithm: CheckAlgorithm::Gcra,
@@ -221,5 +274,38 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         assert_eq!(text.matches("allowed").count(), 3, "{text}");
         assert_eq!(text.matches("denied").count(), 1, "{text}");
+    }
+
+    #[test]
+    fn several_quotas_name_the_binding_limit() {
+        let args = CheckArgs {
+            quota: vec!["1/min burst 3; 2/h".into()],
+            requests: 3,
+            interval: Duration::ZERO,
+            algorithm: CheckAlgorithm::Gcra,
+        };
+        let mut out = Vec::new();
+        run(&args, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(text.matches("allowed").count(), 2, "{text}");
+        let last = text.lines().last().unwrap();
+        assert!(last.contains("denied") && last.ends_with(" 1"), "{text}");
+        // The flag given twice is the same list.
+        let twice = CheckArgs {
+            quota: vec!["1/min burst 3".into(), "2/h".into()],
+            ..args
+        };
+        let mut again = Vec::new();
+        run(&twice, &mut again).unwrap();
+        assert_eq!(
+            String::from_utf8(again).unwrap().matches("allowed").count(),
+            2
+        );
+        let windowed = CheckArgs {
+            algorithm: CheckAlgorithm::FixedWindow,
+            ..twice
+        };
+        let UsageError(message) = run(&windowed, &mut Vec::new()).unwrap_err();
+        assert!(message.contains("GCRA only"), "{message}");
     }
 }
