@@ -459,3 +459,40 @@ fn stats_count_evictions_and_overflows() {
     assert_eq!(open.stats().overflow_untracked, 2);
     assert_eq!(open.stats().overflow_refusals, 0);
 }
+
+/// `Stats::record` exports the gauges and counters through `metrics`.
+#[cfg(feature = "metrics")]
+#[test]
+fn stats_export_through_the_metrics_facade() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (limiter, _) = keyed("1/s");
+    let _ = limiter.check(&1);
+    let _ = limiter.check(&2);
+    assert!(limiter.reset(&2));
+    metrics::with_local_recorder(&recorder, || limiter.stats().record("login"));
+    let mut seen = 0;
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let label = |name: &str| {
+            key.labels()
+                .find(|l| l.key() == name)
+                .map(|l| l.value().to_owned())
+        };
+        assert_eq!(label("limiter").as_deref(), Some("login"));
+        match (key.name(), value) {
+            ("turnstile_keys_live", DebugValue::Gauge(v)) => {
+                assert_eq!(v.into_inner(), 1.0);
+                seen += 1;
+            }
+            ("turnstile_evictions_total", DebugValue::Counter(n)) => {
+                let expected = u64::from(label("reason").as_deref() == Some("reset"));
+                assert_eq!(n, expected, "{key:?}");
+                seen += 1;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(seen, 4, "one gauge and three eviction counters");
+}

@@ -7,6 +7,7 @@
 //! cargo bench --bench turnstile                       # everything
 //! cargo bench --bench turnstile -- direct             # the direct groups
 //! cargo bench --bench turnstile -- keyed              # the keyed groups
+//! cargo bench --bench turnstile -- ops                # peek, refund, multi-limit
 //! cargo bench --bench turnstile -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
@@ -19,6 +20,7 @@ use criterion::{criterion_group, criterion_main};
 mod direct;
 mod keyed;
 mod mode;
+mod ops;
 
-criterion_group!(benches, direct::bench, keyed::bench);
+criterion_group!(benches, direct::bench, keyed::bench, ops::bench);
 criterion_main!(benches);
