@@ -496,3 +496,27 @@ fn stats_export_through_the_metrics_facade() {
     }
     assert_eq!(seen, 4, "one gauge and three eviction counters");
 }
+
+/// A per-key quota change through `check_with` keeps the key's TAT too: a
+/// caller upgraded mid-burst keeps what it spent, read in the new terms.
+#[test]
+fn a_per_key_quota_change_through_check_with_keeps_the_spent_part() {
+    let (limiter, clock) = keyed("10/min");
+    let gold: Quota = "20/min".parse().unwrap();
+    for _ in 0..10 {
+        assert!(limiter.check(&1).is_allowed());
+    }
+    assert!(limiter.check(&1).is_denied());
+    // One minute owed: twenty tokens of gold, no fresh burst.
+    assert!(limiter.check_with(&1, &gold).is_denied());
+    clock.advance(Duration::from_secs(3));
+    let d = limiter.check_with(&1, &gold);
+    assert!(d.is_allowed());
+    assert_eq!(d.remaining(), 0);
+    assert_eq!(
+        limiter.peek_n_with(&1, &gold, 1).unwrap().retry_after(),
+        Some(Duration::from_secs(3))
+    );
+    assert_eq!(limiter.refund_with(&1, &gold, 1), Ok(true));
+    assert!(limiter.peek_n_with(&1, &gold, 1).unwrap().is_allowed());
+}
