@@ -98,3 +98,46 @@ async fn a_fixed_hash_tag_keeps_every_bucket_on_one_master_with_server_time(
     assert_eq!(per_master, [0, 0, 30]);
     Ok(())
 }
+
+/// Several limits per key on the Cluster: each key's buckets share its hash
+/// slot (no CROSSSLOT), keys still spread over the masters, and every
+/// decision, binding limit included, is the local multi-limiter's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_limits_per_key_run_in_one_slot_on_the_cluster(
+) -> Result<(), Box<dyn std::error::Error>> {
+    let cluster = RedisCluster::start()?;
+    let clock = ManualClock::starting_at(Duration::from_secs(1_000));
+    let quotas: turnstile::Quotas = "2/s burst 5; 6/min".parse()?;
+    let remote = RedisLimiter::builder(Quota::per_second(1)?)
+        .cluster(cluster.urls())
+        .prefix("m:")
+        .timeout(Duration::from_secs(2))
+        .time_source(TimeSource::Client(Arc::new(clock.clone())))
+        .build()
+        .await?;
+    let remote = remote.multi(quotas.clone())?;
+    let local = turnstile::KeyedMultiLimiter::<String, _>::with_clock(quotas, clock.clone());
+    let mut admitted = 0;
+    for (advance, requests) in [(0, 7), (1_100, 3), (30_000, 3)] {
+        clock.advance(Duration::from_millis(advance));
+        for k in 0..100 {
+            let key = format!("user_{k}");
+            for _ in 0..requests {
+                let (r, l) = (remote.check(&key).await?, local.check(key.as_str()));
+                assert_eq!(r, l, "{key} at {:?}", clock.elapsed());
+                admitted += u32::from(r.is_allowed());
+            }
+        }
+    }
+    // 5 at once; at 1.1 s the minute's sixth token (its burst); at 31.1 s
+    // three more, one per 10 s of the minute's refill.
+    assert_eq!(admitted, 9 * 100);
+    let per_master: Vec<u64> = cluster
+        .ports()
+        .into_iter()
+        .map(keys_on)
+        .collect::<Result<_, _>>()?;
+    assert_eq!(per_master.iter().sum::<u64>(), 2 * 100, "{per_master:?}");
+    assert!(per_master.iter().all(|&n| n > 0), "{per_master:?}");
+    Ok(())
+}
