@@ -71,6 +71,15 @@ impl MultiDecision {
     /// The binding limit's position in the [`Quotas`] list: on a denial the
     /// one with the longest wait, on an admission the one with the fewest
     /// tokens left.
+    ///
+    /// ```
+    /// use turnstile::MultiLimiter;
+    ///
+    /// let limiter = MultiLimiter::new("10/s burst 20; 5/min".parse()?);
+    /// let d = limiter.check();
+    /// assert_eq!((d.binding(), d.decision().remaining()), (1, 4));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn binding(&self) -> usize {
         self.binding
     }
@@ -211,6 +220,15 @@ impl<C: Clock + Clone> MultiLimiter<C> {
 
 impl<C: Clock> MultiLimiter<C> {
     /// Decides one request of cost 1 against every limit.
+    ///
+    /// ```
+    /// use turnstile::MultiLimiter;
+    ///
+    /// let limiter = MultiLimiter::new("1/s; 100/h".parse()?);
+    /// assert!(limiter.check().is_allowed());
+    /// assert!(limiter.check().is_denied());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn check(&self) -> MultiDecision {
         self.decide(1)
     }
@@ -271,6 +289,16 @@ impl<C: Clock> MultiLimiter<C> {
     }
 
     /// Fills every limit's bucket again. Returns whether any was in use.
+    ///
+    /// ```
+    /// use turnstile::MultiLimiter;
+    ///
+    /// let limiter = MultiLimiter::new("1/s; 100/h".parse()?);
+    /// let _ = limiter.check();
+    /// assert!(limiter.reset());
+    /// assert!(limiter.check().is_allowed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn reset(&self) -> bool {
         self.limits
             .iter()
@@ -397,6 +425,16 @@ where
 
     /// The decision a check of cost 1 for `key` would get now, taking
     /// nothing and inserting nothing.
+    ///
+    /// ```
+    /// use turnstile::KeyedMultiLimiter;
+    ///
+    /// let limiter = KeyedMultiLimiter::<String>::new("10/s; 5/min".parse()?);
+    /// let d = limiter.peek("alice");
+    /// assert_eq!((d.binding(), d.decision().remaining()), (1, 4));
+    /// assert!(limiter.limits().iter().all(|l| l.is_empty()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn peek<Q>(&self, key: &Q) -> MultiDecision
     where
         K: Borrow<Q>,
@@ -471,6 +509,15 @@ where
     }
 
     /// Forgets every key in every limit. Returns how many buckets went.
+    ///
+    /// ```
+    /// use turnstile::KeyedMultiLimiter;
+    ///
+    /// let limiter = KeyedMultiLimiter::<u64>::new("10/s; 5/min".parse()?);
+    /// let _ = limiter.check(&1);
+    /// assert_eq!(limiter.clear(), 2, "one bucket in each of two limits");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn clear(&self) -> usize {
         self.limits.iter().map(KeyedLimiter::clear).sum()
     }

@@ -44,6 +44,15 @@ pub struct Quotas {
 impl Quotas {
     /// The list of `quotas`: an error if it is empty or longer than
     /// [`MAX_LIMITS`].
+    ///
+    /// ```
+    /// use turnstile::{Quota, Quotas, QuotasError};
+    ///
+    /// let quotas = Quotas::new([Quota::per_second(10)?, Quota::per_hour(1000)?]).unwrap();
+    /// assert_eq!(quotas.min_burst(), 10);
+    /// assert_eq!(Quotas::new([]), Err(QuotasError::Empty));
+    /// # Ok::<(), turnstile::QuotaError>(())
+    /// ```
     pub fn new(quotas: impl IntoIterator<Item = Quota>) -> Result<Quotas, QuotasError> {
         let quotas: Vec<Quota> = quotas.into_iter().collect();
         match quotas.len() {

@@ -226,6 +226,17 @@ where
 
     /// [`refund`](KeyedLimiter::refund) for a key checked with
     /// [`check_with`](KeyedLimiter::check_with) under `quota`.
+    ///
+    /// ```
+    /// use turnstile::{KeyedLimiter, Quota};
+    ///
+    /// let gold: Quota = "100/min".parse()?;
+    /// let limiter = KeyedLimiter::<u64>::new("10/min".parse()?);
+    /// let _ = limiter.check_n_with(&1, &gold, 50)?;
+    /// assert!(limiter.refund_with(&1, &gold, 50)?);
+    /// assert_eq!(limiter.peek_n_with(&1, &gold, 1)?.remaining(), 99);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn refund_with<Q>(&self, key: &Q, quota: &Quota, n: u64) -> Result<bool, CostError>
     where
         K: Borrow<Q>,
@@ -238,6 +249,16 @@ where
 
     /// [`peek_n`](KeyedLimiter::peek_n) for a key checked with
     /// [`check_with`](KeyedLimiter::check_with) under `quota`.
+    ///
+    /// ```
+    /// use turnstile::{KeyedLimiter, Quota};
+    ///
+    /// let gold: Quota = "100/min".parse()?;
+    /// let limiter = KeyedLimiter::<u64>::new("10/min".parse()?);
+    /// assert_eq!(limiter.peek_n_with(&1, &gold, 40)?.remaining(), 60);
+    /// assert!(limiter.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn peek_n_with<Q>(&self, key: &Q, quota: &Quota, n: u64) -> Result<Decision, CostError>
     where
         K: Borrow<Q>,

@@ -66,6 +66,15 @@ impl RedisLimiter {
     }
 
     /// [`peek`](RedisLimiter::peek) for a request of cost `n`.
+    ///
+    /// ```no_run
+    /// # async fn run(limiter: turnstile::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// if limiter.peek_n("alice", 10).await?.is_denied() {
+    ///     // do not start the expensive batch
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn peek_n(&self, key: impl AsRef<[u8]>, n: u64) -> Result<Decision, RedisLimitError> {
         self.script.gcra().check_cost(n)?;
         let keys = [self.checked_key(key.as_ref())?];
@@ -258,6 +267,15 @@ impl RedisMulti<'_> {
 
     /// Decides one request of cost `n`: every limit admits all `n` tokens
     /// and all are charged, or none is.
+    ///
+    /// ```no_run
+    /// # async fn run(limiter: turnstile::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// let multi = limiter.multi("100/min; 2000/day".parse()?)?;
+    /// let d = multi.check_n("alice", 5).await?;
+    /// println!("{} left under limit {}", d.decision().remaining(), d.binding());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn check_n(
         &self,
         key: impl AsRef<[u8]>,
@@ -267,6 +285,15 @@ impl RedisMulti<'_> {
     }
 
     /// The decision a check of cost `n` would get now, taking nothing.
+    ///
+    /// ```no_run
+    /// # async fn run(limiter: turnstile::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// let multi = limiter.multi("5/15min; 20/day".parse()?)?;
+    /// let left = multi.peek_n("alice", 1).await?.decision().remaining();
+    /// println!("{left} attempts left");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn peek_n(
         &self,
         key: impl AsRef<[u8]>,
