@@ -5,7 +5,9 @@
 //! model's (idle eviction is lossless); once it has been full, a tracked key
 //! may have been forgotten by `EvictFullest`, and then (and only then) its
 //! decision may instead be a fresh bucket's. `len()` never exceeds
-//! `max_keys`, and nothing panics.
+//! `max_keys`, and nothing panics. Peek, refund, reset and clear follow the
+//! same model: a peek changes nothing, a refund is `TAT := max(TAT - n*T,
+//! now)`, a reset or clear leaves full buckets.
 #![no_main]
 
 use std::collections::HashMap;
@@ -33,6 +35,21 @@ enum Op {
     EvictIdle,
     /// Check `1 + n % 200` keys never seen before, cost 1 each.
     Flood(u8),
+    /// Peek at key `key % 64` with cost `cost % 8`: the model's decision,
+    /// and nothing changes.
+    Peek {
+        key: u8,
+        cost: u8,
+    },
+    /// Refund `cost % 8` tokens to key `key % 64`.
+    Refund {
+        key: u8,
+        cost: u8,
+    },
+    /// Forget key `key % 64`.
+    Reset(u8),
+    /// Forget every key.
+    Clear,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -109,6 +126,60 @@ fn run(input: &Input) {
                     (Err(e), Err(a)) => assert_eq!(e, a),
                     (e, a) => panic!("model {e:?}, limiter {a:?}"),
                 }
+            }
+            Op::Peek { key, cost } => {
+                let key = u64::from(key % 64);
+                let cost = u64::from(cost % 8);
+                let tat = model.get(&key).copied().unwrap_or(0);
+                let len = limiter.len();
+                match (gcra.check(tat, now, cost), limiter.peek_n(&key, cost)) {
+                    (Ok(step), Ok(decision)) if decision == step.decision => {}
+                    (Ok(_), Ok(decision)) => {
+                        // Only a key forgotten at the bound: a fresh bucket.
+                        let fresh = gcra.check(0, now, cost).unwrap();
+                        assert!(ever_full && decision == fresh.decision, "peek {key} {cost}");
+                        model.remove(&key);
+                    }
+                    (Err(e), Err(a)) => assert_eq!(e, a),
+                    (e, a) => panic!("peek: model {e:?}, limiter {a:?}"),
+                }
+                assert_eq!(limiter.len(), len, "a peek inserted or removed a key");
+            }
+            Op::Refund { key, cost } => {
+                let key = u64::from(key % 64);
+                let cost = u64::from(cost % 8);
+                let actual = limiter.refund(&key, cost);
+                if cost == 0 || cost > burst {
+                    assert!(actual.is_err(), "refund of {cost}, burst {burst}");
+                    continue;
+                }
+                // TAT := max(TAT - cost*T, now), when TAT > now.
+                let interval = quota.interval_nanos();
+                let expected = match model.get(&key).copied() {
+                    Some(tat) if tat > now => {
+                        model.insert(key, tat.saturating_sub(cost * interval).max(now));
+                        true
+                    }
+                    _ => false,
+                };
+                if actual != Ok(expected) {
+                    // Only a key forgotten at the bound: nothing to refund.
+                    assert!(ever_full && actual == Ok(false), "refund {key} {cost}: {actual:?}");
+                    model.remove(&key);
+                }
+            }
+            Op::Reset(key) => {
+                let key = u64::from(key % 64);
+                let _ = limiter.reset(&key);
+                model.remove(&key);
+                let fresh = gcra.check(0, now, 1).unwrap();
+                assert_eq!(limiter.peek(&key), fresh.decision, "reset {key}");
+            }
+            Op::Clear => {
+                let before = limiter.len();
+                assert_eq!(limiter.clear(), before);
+                assert_eq!(limiter.len(), 0);
+                model.clear();
             }
             Op::Advance(micros) => clock.advance(Duration::from_micros(u64::from(micros))),
             Op::AdvanceFar(millis) => clock.advance(Duration::from_millis(u64::from(millis))),
