@@ -31,10 +31,20 @@
 //! the loom model in `loom-tests/` check this with four threads and every
 //! interleaving of two.
 //!
-//! **When time moves during a check**, a check that lands between a charge
-//! and its rollback may have read a later time; removing the rolled-back
-//! charge then frees at most the clock time between the two readings
-//! (nanoseconds): the bound on the error of this scheme. The other way,
+//! **When time moves during a check, the claim is not proven.** Removing a
+//! rolled-back charge shifts every later charge back by its cost, but a
+//! later charge that read a later time would, without the rolled-back
+//! one, have started at its own arrival instead. The interleaving found:
+//! two checks charge the first limit at `t`, the first is rolled back
+//! (exact), a third check reading `t + d` charges on top of the second,
+//! then the second is rolled back: the limit is left with `d` more
+//! headroom (`d / T` of a token) than the admitted requests allow. `d` is
+//! at most the time between the second check's clock reading and its
+//! rollback (nanoseconds to microseconds on a real clock, against emission
+//! intervals of milliseconds and more), so each such race can admit a
+//! small fraction of a token early, and only when a request races two
+//! denied ones on the same key. The Redis multi-limit check has
+//! no such gap: one script decides every limit at once. The other way,
 //! a check that meets a charge about to be rolled back may be denied where
 //! a one-word scheme would have admitted it: conservative, and only while
 //! another request is between its charge and its rollback.
