@@ -74,6 +74,8 @@ impl Cell {
                 Err(actual) => {
                     #[cfg(all(test, not(turnstile_loom)))]
                     CAS_RETRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    #[cfg(turnstile_loom)]
+                    crate::probe::hit(&crate::probe::CAS_RETRY);
                     current = actual;
                 }
             }

@@ -70,6 +70,16 @@ pub use crate::map::MIGRATION_CHUNK;
 /// epoch has freed the old tables (40.8 bytes per key, `benches/memory.rs`).
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
+/// How `admit` dealt with a missing key.
+enum Admitted<'p, K> {
+    /// Inserted, with this request decided on its fresh bucket.
+    Inserted(Decision),
+    /// Another thread inserted it first: decide on its node.
+    Found(&'p Node<K>),
+    /// The overflow policy keeps it out; decide at this reading.
+    Refused(u64),
+}
+
 /// What a full limiter (at `max_keys` live keys, none idle) does with a key
 /// it has not seen.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -224,53 +234,77 @@ where
         loop {
             let node = match map.find(hash, key) {
                 Some(node) => node,
-                None => match self.admit(&map, hash, key, &idle) {
-                    Some(node) => node,
-                    None => return self.overflow_decision(algorithm, now, cost),
+                None => match self.admit(&map, hash, key, now, cost, algorithm, &idle) {
+                    Admitted::Inserted(decision) => return decision,
+                    Admitted::Found(node) => node,
+                    Admitted::Refused(now) => return self.overflow_decision(algorithm, now, cost),
                 },
             };
             match node.cell.update(algorithm, now, cost) {
                 Ok(decision) => return decision,
                 // Evicted under our feet: the key is absent now; look again.
-                Err(Tombstoned) => continue,
+                Err(Tombstoned) => {
+                    #[cfg(turnstile_loom)]
+                    crate::probe::hit(&crate::probe::UPDATE_MET_TOMBSTONE);
+                    continue;
+                }
             }
         }
     }
 
-    /// Finds room for a key that is not in the map, and inserts it. `None`
-    /// when the overflow policy refuses to track it.
+    /// Finds room for a key that is not in the map, and inserts it with
+    /// this request already decided on its fresh bucket.
+    ///
+    /// The clock is read again first: `now` was read before the lookup, and
+    /// the key may have been evicted since by a thread with a later reading
+    /// (its bucket was full at that reading). Deciding a fresh bucket at the
+    /// older `now` would start it in the past and admit more than the quota
+    /// allows; at a reading taken after the lookup it is exact.
     #[cold]
-    fn admit<'p, Q>(
+    #[allow(clippy::too_many_arguments)]
+    fn admit<'p, Q, D>(
         &self,
         map: &'p Pinned<'_, K>,
         hash: u64,
         key: &Q,
+        now: u64,
+        cost: u64,
+        algorithm: &D,
         idle: &impl Fn(u64) -> bool,
-    ) -> Option<&'p Node<K>>
+    ) -> Admitted<'p, K>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        D: Algorithm,
     {
-        // Each failed sample tombstoned nothing; after this many, give up
-        // rather than spin (only possible when other threads keep taking
-        // the room we make).
+        // Each failed attempt evicted nothing (its victim was updated or
+        // taken by another evictor first); after this many, give up rather
+        // than spin.
         const ATTEMPTS: usize = 16;
+        let now = now.max(self.clock.now());
+        let fresh = algorithm.decide(0, now, cost);
         for _ in 0..ATTEMPTS {
-            if map.try_reserve(self.max_keys) {
-                let (node, inserted) = map.insert(hash, key, || key.to_owned(), idle);
-                if !inserted {
-                    map.unreserve();
+            // Room for the key: a free place under `max_keys`, or the place
+            // of the one bucket evicted for it, which no one else can take.
+            let room = map.try_reserve(self.max_keys)
+                || (self.overflow == OverflowPolicy::EvictFullest
+                    && map.evict_one_near(hash, OVERFLOW_SAMPLE));
+            if room {
+                let state = fresh.next.unwrap_or(0);
+                let (node, inserted) = map.insert(hash, key, || key.to_owned(), state, idle);
+                if inserted {
+                    return Admitted::Inserted(fresh.decision);
                 }
-                return Some(node);
+                map.unreserve();
+                return Admitted::Found(node);
             }
-            match self.overflow {
-                OverflowPolicy::EvictFullest => {
-                    map.evict_one_near(hash, OVERFLOW_SAMPLE);
-                }
-                OverflowPolicy::Deny | OverflowPolicy::AllowUntracked => return None,
+            if self.overflow != OverflowPolicy::EvictFullest {
+                break;
             }
+            #[cfg(turnstile_loom)]
+            crate::probe::hit(&crate::probe::EVICTION_LOST);
         }
-        None
+        Admitted::Refused(now)
     }
 
     #[cold]

@@ -80,6 +80,9 @@ mod gcra;
 pub mod http;
 pub mod keyed;
 mod map;
+#[cfg(turnstile_loom)]
+#[doc(hidden)]
+pub mod probe;
 mod quota;
 #[cfg(feature = "redis")]
 pub mod redis;

@@ -77,12 +77,14 @@ fn a_shrinking_migration_raced_by_inserts_does_not_hang() {
     assert!(limiter.check(&u64::MAX).is_allowed());
 
     // The compacting thread: evict_idle evicts everything and starts a
-    // migration into a 64-slot table, whose 512-byte slot array it
-    // allocates after counting the live keys. It waits there.
+    // migration into a table sized for the one live key (the smallest, 16
+    // slots), whose 128-byte slot array it allocates after counting the
+    // live keys. It waits there. (Before the fix the table was 64 slots,
+    // and this test hung there.)
     let evictor = {
         let limiter = limiter.clone();
         thread::spawn(move || {
-            heap::pause_at(64 * 8);
+            heap::pause_at(16 * 8);
             limiter.evict_idle()
         })
     };
@@ -90,7 +92,7 @@ fn a_shrinking_migration_raced_by_inserts_does_not_hang() {
     while !heap::is_paused() {
         assert!(
             paused.elapsed() < Duration::from_secs(10),
-            "the evictor never allocated a 64-slot table"
+            "the evictor never allocated a 16-slot table"
         );
         thread::yield_now();
     }
