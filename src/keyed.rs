@@ -30,20 +30,55 @@
 //!   [`MIGRATION_CHUNK`] slots of it.
 //! - **On demand**, [`KeyedLimiter::evict_idle`] sweeps everything at once.
 //! - **At `max_keys`**, a new key is admitted according to the
-//!   [`OverflowPolicy`]; the default evicts, among the first
+//!   [`OverflowPolicy`]; the default evicts (one bucket per new key), among the first
 //!   [`OVERFLOW_SAMPLE`] live keys found near the new key's slot (never
 //!   fewer than two when the table holds two), the bucket closest to full:
 //!   it carries the least information, and under a flood of random keys it
 //!   is one of the flood's own single-request keys, not a busy user's.
 //!
+//! # Memory given back
+//!
+//! Evicted nodes and retired tables are handed to the epoch collector by the
+//! migration chunk that retires them, not at the next housekeeping tick, so
+//! they are freed within a bounded number of checks even on a clock that
+//! never moves. Dropping a limiter frees everything it holds: at once if
+//! only the dropping thread used it; otherwise once each other thread that
+//! used it has made one check on any turnstile limiter, or has exited
+//! (each thread caches its registration with the limiter's collector, and
+//! lets go of a dropped limiter's at its next check).
+//!
 //! # Progress
 //!
-//! Lookups and updates of existing keys are lock-free and allocate nothing.
-//! Inserts are lock-free, with one exception: an insert that finds the new
-//! table of a migration already half full, while the old table's last
-//! chunks are claimed by a thread that the OS has descheduled, yields until
-//! that thread finishes its chunk (at most [`MIGRATION_CHUNK`] slots).
-//! [`KeyedLimiter::evict_idle`] likewise waits for claimed chunks.
+//! Lookups and updates of existing keys are lock-free and allocate nothing:
+//! a CAS on a cell fails only because another update or an eviction
+//! succeeded. Inserts are lock-free, with the waits below; every other
+//! loop in the map is bounded (a probe visits each slot of a table at most
+//! once, a slot changes state at most three times, a migration's successor
+//! always has a free slot for each node it receives: see `map::raw`).
+//!
+//! - An insert that finds the new table of a migration already half full,
+//!   while the old table's last chunks are claimed by a thread that the OS
+//!   has descheduled, yields until that thread finishes its chunk (at most
+//!   [`MIGRATION_CHUNK`] slots). [`KeyedLimiter::evict_idle`] likewise waits
+//!   for claimed chunks.
+//! - At `max_keys` under [`OverflowPolicy::EvictFullest`], a new key takes
+//!   over the place of the one bucket it evicts (no other thread can take
+//!   that room), so each request evicts at most one bucket. It is refused
+//!   only if 16 attempts in a row find no bucket they can evict (each
+//!   victim updated or evicted by another thread first, or the room held
+//!   by inserts still in flight); it yields between attempts.
+//!
+//! # Clocks and eviction
+//!
+//! A check reads the clock before it looks its key up; another thread with
+//! a later reading may evict the key as idle in between (its bucket was
+//! full at that reading). A check that then starts a fresh bucket reads the
+//! clock again first and decides at the later of its two readings, so the
+//! fresh bucket never starts before the eviction's reading: eviction loses
+//! nothing however late the first reading is. What remains is the clock's
+//! own disagreement between threads (for [`QuantaClock`](crate::QuantaClock),
+//! TSC skew between cores): a reading `d` behind the evictor's can admit
+//! at most `d / T` more requests than the quota, once.
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -281,6 +316,8 @@ where
         // taken by another evictor first); after this many, give up rather
         // than spin.
         const ATTEMPTS: usize = 16;
+        #[cfg(turnstile_loom)]
+        let _admitting = crate::probe::Admitting::enter();
         let now = now.max(self.clock.now());
         let fresh = algorithm.decide(0, now, cost);
         for _ in 0..ATTEMPTS {
@@ -303,6 +340,9 @@ where
             }
             #[cfg(turnstile_loom)]
             crate::probe::hit(&crate::probe::EVICTION_LOST);
+            // The room is held by reservations of inserts in flight, or the
+            // victim was taken: let those threads finish before looking again.
+            crate::sync::yield_now();
         }
         Admitted::Refused(now)
     }

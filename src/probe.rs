@@ -8,23 +8,46 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// One counter.
+/// One counter, and when it was last hit.
 #[derive(Debug)]
-pub struct Probe(AtomicUsize);
+pub struct Probe {
+    hits: AtomicUsize,
+    last: AtomicUsize,
+}
+
+/// Orders every hit of every probe. loom runs one thread at a time, so this
+/// is the real order of events within an execution.
+static SEQUENCE: AtomicUsize = AtomicUsize::new(0);
 
 impl Probe {
     const fn new() -> Self {
-        Probe(AtomicUsize::new(0))
+        Probe {
+            hits: AtomicUsize::new(0),
+            last: AtomicUsize::new(0),
+        }
     }
 
     /// Times the interleaving was reached, over every execution so far.
     pub fn count(&self) -> usize {
-        self.0.load(Ordering::Relaxed)
+        self.hits.load(Ordering::Relaxed)
+    }
+
+    /// The [`sequence`] number of the last hit (0 if never hit).
+    pub fn last(&self) -> usize {
+        self.last.load(Ordering::Relaxed)
     }
 }
 
+/// The sequence number of the latest hit of any probe: read it at the start
+/// of an execution to tell its hits from earlier executions'.
+pub fn sequence() -> usize {
+    SEQUENCE.load(Ordering::Relaxed)
+}
+
 pub(crate) fn hit(probe: &Probe) {
-    probe.0.fetch_add(1, Ordering::Relaxed);
+    probe.hits.fetch_add(1, Ordering::Relaxed);
+    let now = SEQUENCE.fetch_add(1, Ordering::Relaxed) + 1;
+    probe.last.store(now, Ordering::Relaxed);
 }
 
 /// A cell's CAS failed because another update landed first.
@@ -53,3 +76,27 @@ pub static WAITED_FOR_CLAIMED_CHUNKS: Probe = Probe::new();
 pub static ROOT_SWUNG_BY_HELPER: Probe = Probe::new();
 /// A migration's chunks were copied by two different threads.
 pub static CHUNKS_COPIED_BY_TWO_THREADS: Probe = Probe::new();
+/// A migration dropped a dead node and handed it to the epoch.
+pub static NODE_DROPPED: Probe = Probe::new();
+/// A new key looked for room while another new key was doing the same.
+pub static CONCURRENT_ADMITS: Probe = Probe::new();
+/// Admissions in flight (for [`CONCURRENT_ADMITS`]).
+static ADMITTING: AtomicUsize = AtomicUsize::new(0);
+
+/// Marks an admission in flight while it lives.
+pub(crate) struct Admitting;
+
+impl Admitting {
+    pub(crate) fn enter() -> Self {
+        if ADMITTING.fetch_add(1, Ordering::Relaxed) > 0 {
+            hit(&CONCURRENT_ADMITS);
+        }
+        Admitting
+    }
+}
+
+impl Drop for Admitting {
+    fn drop(&mut self) {
+        ADMITTING.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -199,6 +199,7 @@ impl<K: Hash + Eq> Pinned<'_, K> {
         let mut evicted = 0;
         while let Some(n) = self.raw.help_migrate(usize::MAX, idle, &self.guard) {
             evicted += n;
+            // Every chunk is claimed: wait for the claimers to finish theirs.
             crate::sync::yield_now();
         }
         evicted

@@ -66,6 +66,25 @@
 //! retires the old table through the epoch. A successor migrates only after
 //! it has become the root, so there are at most two tables at a time.
 //!
+//! # Sizing a successor
+//!
+//! A migration must never have more live nodes to place than its successor
+//! has slots (it would probe forever), so the successor is sized from a
+//! count that bounds them. Starting a migration first *closes* the table
+//! (a bit in `occupied`), then reads `len`, then allocates and installs.
+//! Every insert reserves its key in `len` (or takes over an evicted key's
+//! place there) *before* it reserves a slot in `occupied`, and a closed
+//! table refuses reservations. So an insert that can still land in the old
+//! table reserved its slot before the close, and the close (Acquire)
+//! synchronises with that reservation (Release): the `len` read after the
+//! close counts it. Nodes that die meanwhile are not copied. Hence the
+//! nodes copied are at most `len` as read, the successor gets three slots
+//! per such key, and direct inserts into it stop at half full: it is never
+//! more than `5/6` full. Any thread that finds a table closed but without a
+//! successor computes one the same way and races to install it, so a
+//! starter that is descheduled between the close and the install blocks no
+//! one.
+//!
 //! # Orderings
 //!
 //! One rule for the whole file, so each access need not repeat it:
@@ -73,10 +92,13 @@
 //!   (or `AcqRel`) CAS or store and read with `Acquire`, because every
 //!   reader dereferences what it loads: the node's or table's fields must
 //!   be visible before its address is.
-//! - **Counters** (`occupied`, `claimed`, `sweep`, `len`) are `Relaxed`:
-//!   they steer heuristics (when to migrate, where to sweep, whether there
-//!   is room for a key) and guard no memory. A `claimed` chunk is owned by
-//!   the one `fetch_add` that returned it, whatever the ordering.
+//! - **Counters** (`claimed`, `sweep`, `len`) are `Relaxed`: they steer
+//!   heuristics (where to sweep, whether there is room for a key) or are
+//!   owned by the one `fetch_add` that returned them (a `claimed` chunk),
+//!   whatever the ordering.
+//! - **`occupied`** is `Relaxed` too, except the pair that sizes a
+//!   successor: a slot reservation is `Release` and the close is `Acquire`
+//!   (see "Sizing a successor").
 //! - **`migrated`** is `AcqRel`: the thread that brings it to the capacity
 //!   retires the table, so it must see every other chunk's copies first.
 //! - **Cells** have their own argument, in `crate::cell`.
@@ -570,10 +592,19 @@ impl<K: Hash + Eq> RawMap<K> {
             return None;
         }
         let mut evicted = 0;
-        for _ in 0..chunks {
+        for copied in 0..chunks {
             match self.migrate_chunk(root, next, idle, guard) {
                 Some(n) => evicted += n,
-                None => break,
+                None => {
+                    // Every chunk was claimed already: this caller waits
+                    // for the claimers if it must (see `finish_migration`).
+                    #[cfg(turnstile_loom)]
+                    if copied == 0 {
+                        crate::probe::hit(&crate::probe::WAITED_FOR_CLAIMED_CHUNKS);
+                    }
+                    let _ = copied;
+                    break;
+                }
             }
         }
         Some(evicted)
@@ -709,6 +740,8 @@ impl<K: Hash + Eq> RawMap<K> {
         // SAFETY: the node is reachable only through this slot, which no
         // longer yields it; threads that loaded it earlier are pinned.
         unsafe { guard.defer_destroy(frozen.with_tag(LIVE)) };
+        #[cfg(turnstile_loom)]
+        crate::probe::hit(&crate::probe::NODE_DROPPED);
         if evicted {
             Moved::Evicted
         } else {
@@ -771,9 +804,7 @@ impl<K: Hash + Eq> RawMap<K> {
             let start = hash as usize;
             for offset in 0..t.capacity() {
                 let slot = t.slots[(start + offset) & t.mask].load(Ordering::Acquire, guard);
-                if slot.is_null() || slot.tag() != LIVE {
-                    // Empty, or met again in the successor (copied), or
-                    // dead (dropped); frozen ones are a moment from copied.
+                if slot.is_null() || slot.tag() == DROPPED {
                     continue;
                 }
                 // SAFETY: as in `live_match`.
