@@ -43,6 +43,8 @@ pub(crate) static CAS_RETRIES: std::sync::atomic::AtomicU64 = std::sync::atomic:
 fn count_retry() {
     #[cfg(not(turnstile_loom))]
     CAS_RETRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    #[cfg(turnstile_loom)]
+    crate::probe::hit(&crate::probe::CAS_RETRY);
 }
 
 impl Cell {

@@ -30,20 +30,55 @@
 //!   [`MIGRATION_CHUNK`] slots of it.
 //! - **On demand**, [`KeyedLimiter::evict_idle`] sweeps everything at once.
 //! - **At `max_keys`**, a new key is admitted according to the
-//!   [`OverflowPolicy`]; the default evicts, among the first
+//!   [`OverflowPolicy`]; the default evicts (one bucket per new key), among the first
 //!   [`OVERFLOW_SAMPLE`] live keys found near the new key's slot (never
 //!   fewer than two when the table holds two), the bucket closest to full:
 //!   it carries the least information, and under a flood of random keys it
 //!   is one of the flood's own single-request keys, not a busy user's.
 //!
+//! # Memory given back
+//!
+//! Evicted nodes and retired tables are handed to the epoch collector by the
+//! migration chunk that retires them, not at the next housekeeping tick, so
+//! they are freed within a bounded number of checks even on a clock that
+//! never moves. Dropping a limiter frees everything it holds: at once if
+//! only the dropping thread used it; otherwise once each other thread that
+//! used it has made one check on any turnstile limiter, or has exited
+//! (each thread caches its registration with the limiter's collector, and
+//! lets go of a dropped limiter's at its next check).
+//!
 //! # Progress
 //!
-//! Lookups and updates of existing keys are lock-free and allocate nothing.
-//! Inserts are lock-free, with one exception: an insert that finds the new
-//! table of a migration already half full, while the old table's last
-//! chunks are claimed by a thread that the OS has descheduled, yields until
-//! that thread finishes its chunk (at most [`MIGRATION_CHUNK`] slots).
-//! [`KeyedLimiter::evict_idle`] likewise waits for claimed chunks.
+//! Lookups and updates of existing keys are lock-free and allocate nothing:
+//! a CAS on a cell fails only because another update or an eviction
+//! succeeded. Inserts are lock-free, with the waits below; every other
+//! loop in the map is bounded (a probe visits each slot of a table at most
+//! once, a slot changes state at most three times, a migration's successor
+//! always has a free slot for each node it receives: see `map::raw`).
+//!
+//! - An insert that finds the new table of a migration already half full,
+//!   while the old table's last chunks are claimed by a thread that the OS
+//!   has descheduled, yields until that thread finishes its chunk (at most
+//!   [`MIGRATION_CHUNK`] slots). [`KeyedLimiter::evict_idle`] likewise waits
+//!   for claimed chunks.
+//! - At `max_keys` under [`OverflowPolicy::EvictFullest`], a new key takes
+//!   over the place of the one bucket it evicts (no other thread can take
+//!   that room), so each request evicts at most one bucket. It is refused
+//!   only if 16 attempts in a row find no bucket they can evict (each
+//!   victim updated or evicted by another thread first, or the room held
+//!   by inserts still in flight); it yields between attempts.
+//!
+//! # Clocks and eviction
+//!
+//! A check reads the clock before it looks its key up; another thread with
+//! a later reading may evict the key as idle in between (its bucket was
+//! full at that reading). A check that then starts a fresh bucket reads the
+//! clock again first and decides at the later of its two readings, so the
+//! fresh bucket never starts before the eviction's reading: eviction loses
+//! nothing however late the first reading is. What remains is the clock's
+//! own disagreement between threads (for [`QuantaClock`](crate::QuantaClock),
+//! TSC skew between cores): a reading `d` behind the evictor's can admit
+//! at most `d / T` more requests than the quota, once.
 
 // peek, reset, refund, set_quota and stats: the operations beside `check`.
 mod ops;
@@ -73,6 +108,16 @@ pub use crate::map::MIGRATION_CHUNK;
 /// The default bound on live keys: about 40 MB with `u64` keys once the
 /// epoch has freed the old tables (40.8 bytes per key, `benches/memory.rs`).
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+/// How `admit` dealt with a missing key.
+enum Admitted<'p, K> {
+    /// Inserted, with this request decided on its fresh bucket.
+    Inserted(Decision),
+    /// Another thread inserted it first: decide on its node.
+    Found(&'p Node<K>),
+    /// The overflow policy keeps it out; decide at this reading.
+    Refused(u64),
+}
 
 /// What a full limiter (at `max_keys` live keys, none idle) does with a key
 /// it has not seen.
@@ -232,55 +277,86 @@ where
         loop {
             let node = match map.find(hash, key) {
                 Some(node) => node,
-                None => match self.admit(&map, hash, key, &idle) {
-                    Some(node) => node,
-                    None => return self.overflow_decision(algorithm, now, cost),
+                None => match self.admit(&map, hash, key, now, cost, algorithm, &idle) {
+                    Admitted::Inserted(decision) => return decision,
+                    Admitted::Found(node) => node,
+                    Admitted::Refused(now) => return self.overflow_decision(algorithm, now, cost),
                 },
             };
             match node.cell.update(algorithm, now, cost) {
                 Ok(decision) => return decision,
                 // Evicted under our feet: the key is absent now; look again.
-                Err(Tombstoned) => continue,
+                Err(Tombstoned) => {
+                    #[cfg(turnstile_loom)]
+                    crate::probe::hit(&crate::probe::UPDATE_MET_TOMBSTONE);
+                    continue;
+                }
             }
         }
     }
 
-    /// Finds room for a key that is not in the map, and inserts it. `None`
-    /// when the overflow policy refuses to track it.
+    /// Finds room for a key that is not in the map, and inserts it with
+    /// this request already decided on its fresh bucket.
+    ///
+    /// The clock is read again first: `now` was read before the lookup, and
+    /// the key may have been evicted since by a thread with a later reading
+    /// (its bucket was full at that reading). Deciding a fresh bucket at the
+    /// older `now` would start it in the past and admit more than the quota
+    /// allows; at a reading taken after the lookup it is exact.
     #[cold]
-    fn admit<'p, Q>(
+    #[allow(clippy::too_many_arguments)]
+    fn admit<'p, Q, D>(
         &self,
         map: &'p Pinned<'_, K>,
         hash: u64,
         key: &Q,
+        now: u64,
+        cost: u64,
+        algorithm: &D,
         idle: &impl Fn(u64) -> bool,
-    ) -> Option<&'p Node<K>>
+    ) -> Admitted<'p, K>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        D: Algorithm,
     {
-        // Each failed sample tombstoned nothing; after this many, give up
-        // rather than spin (only possible when other threads keep taking
-        // the room we make).
+        // Each failed attempt evicted nothing (its victim was updated or
+        // taken by another evictor first); after this many, give up rather
+        // than spin.
         const ATTEMPTS: usize = 16;
+        #[cfg(turnstile_loom)]
+        let _admitting = crate::probe::Admitting::enter();
+        let now = now.max(self.clock.now());
+        let fresh = algorithm.decide(0, now, cost);
         for _ in 0..ATTEMPTS {
-            if map.try_reserve(self.max_keys) {
-                let (node, inserted) = map.insert(hash, key, || key.to_owned(), idle);
-                if !inserted {
-                    map.unreserve();
-                }
-                return Some(node);
-            }
-            match self.overflow {
-                OverflowPolicy::EvictFullest => {
-                    if map.evict_one_near(hash, OVERFLOW_SAMPLE) {
+            // Room for the key: a free place under `max_keys`, or the place
+            // of the one bucket evicted for it, which no one else can take.
+            let room = map.try_reserve(self.max_keys)
+                || (self.overflow == OverflowPolicy::EvictFullest
+                    && map.evict_one_near(hash, OVERFLOW_SAMPLE)
+                    && {
                         self.counters.add(Event::OverflowEviction, 1);
-                    }
+                        true
+                    });
+            if room {
+                let state = fresh.next.unwrap_or(0);
+                let (node, inserted) = map.insert(hash, key, || key.to_owned(), state, idle);
+                if inserted {
+                    return Admitted::Inserted(fresh.decision);
                 }
-                OverflowPolicy::Deny | OverflowPolicy::AllowUntracked => return None,
+                map.unreserve();
+                return Admitted::Found(node);
             }
+            if self.overflow != OverflowPolicy::EvictFullest {
+                break;
+            }
+            #[cfg(turnstile_loom)]
+            crate::probe::hit(&crate::probe::EVICTION_LOST);
+            // The room is held by reservations of inserts in flight, or the
+            // victim was taken: let those threads finish before looking again.
+            crate::sync::yield_now();
         }
-        None
+        Admitted::Refused(now)
     }
 
     #[cold]

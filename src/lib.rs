@@ -81,6 +81,9 @@ pub mod http;
 pub mod keyed;
 mod map;
 mod multi;
+#[cfg(turnstile_loom)]
+#[doc(hidden)]
+pub mod probe;
 mod quota;
 mod quotas;
 #[cfg(feature = "redis")]

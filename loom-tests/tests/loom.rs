@@ -2,15 +2,30 @@
 //! real code (atomics through `src/sync.rs`, crossbeam-epoch's own under
 //! `--cfg crossbeam_loom`), up to `LOOM_MAX_PREEMPTIONS` preemptions.
 //!
+//! Each model names a race, and asserts after loom has explored it that
+//! the race was reached in at least one execution (counted by the crate's
+//! `probe` counters, compiled only under `--cfg turnstile_loom`): a model
+//! that could pass without its race would be a false pass.
+//!
+//! Under loom the map's tables start at 2 slots and a migration copies one
+//! slot per chunk, so growth, shrinking and chunk hand-offs happen within a
+//! couple of keys. Quotas use an interval (100 µs) shorter than the
+//! housekeeping tick (1 ms), so a bucket goes idle before any check sweeps
+//! the table by itself: the models race exactly the eviction they call.
+//!
 //! Run with `scripts/loom.sh` (see the README); without both cfgs this
 //! file compiles to nothing, so it can never pass by accident.
 #![cfg(all(turnstile_loom, crossbeam_loom))]
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use loom::thread;
-use turnstile::{DirectLimiter, KeyedLimiter, ManualClock, MultiLimiter, Quota, Quotas};
+use turnstile::probe::{self, Probe};
+use turnstile::{
+    DirectLimiter, KeyedLimiter, ManualClock, MultiLimiter, OverflowPolicy, Quota, Quotas,
+};
 
 /// Runs `body` under loom on a thread with room for crossbeam-epoch's
 /// frames: loom's default stack is small, and running out of it is a
@@ -37,8 +52,11 @@ fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> thread::J
     thread::Builder::new().stack_size(STACK).spawn(f).unwrap()
 }
 
+/// One request per 100 µs (well under the 1 ms housekeeping tick).
+const T: Duration = Duration::from_micros(100);
+
 fn quota(burst: u64) -> Quota {
-    Quota::per_hour(1).unwrap().burst(burst).unwrap()
+    Quota::per_second(10_000).unwrap().burst(burst).unwrap()
 }
 
 fn keyed(burst: u64, clock: &ManualClock) -> Arc<KeyedLimiter<u64, ManualClock>> {
@@ -47,6 +65,14 @@ fn keyed(burst: u64, clock: &ManualClock) -> Arc<KeyedLimiter<u64, ManualClock>>
             .clock(clock.clone())
             .build(),
     )
+}
+
+/// Asserts that `probe` was hit across the model's executions.
+fn reached(probe: &Probe, race: &str) {
+    assert!(
+        probe.count() > 0,
+        "no execution reached {race}: the model passed without its race"
+    );
 }
 
 /// (a) Two updaters on one cell with one token left: exactly one passes.
@@ -61,6 +87,7 @@ fn two_updaters_one_token() {
         let a = a.join().unwrap();
         assert!(a ^ b, "exactly one of two may take the last token: {a} {b}");
     });
+    reached(&probe::CAS_RETRY, "a CAS lost to the other updater");
 }
 
 /// (b) Two threads inserting the same key: one node, both updates counted.
@@ -77,6 +104,11 @@ fn insert_insert_same_key() {
         // Both updates landed on the one bucket: one token of three is left.
         assert_eq!(limiter.check(&7).remaining(), 0);
     });
+    reached(
+        &probe::INSERT_LOST_SLOT,
+        "an insert losing its slot to the other insert",
+    );
+    reached(&probe::CONCURRENT_ADMITS, "two inserts of the key at once");
 }
 
 /// (c) An update racing the eviction of its (idle) key: the update is never
@@ -87,8 +119,8 @@ fn update_races_eviction() {
         let clock = ManualClock::new();
         let limiter = keyed(2, &clock);
         assert!(limiter.check(&1).is_allowed());
-        // TAT = 1 h: at 1 h the bucket is full again, so idle and evictable.
-        clock.set(Duration::from_secs(3600));
+        // TAT = T: at T the bucket is full again, so idle and evictable.
+        clock.set(T);
         let other = limiter.clone();
         let a = spawn(move || other.check(&1).is_allowed());
         limiter.evict_idle();
@@ -99,6 +131,10 @@ fn update_races_eviction() {
         assert_eq!(last.remaining(), 0);
         assert!(limiter.check(&1).is_denied());
     });
+    reached(
+        &probe::UPDATE_MET_TOMBSTONE,
+        "an update finding its cell evicted under it",
+    );
 }
 
 /// (d) An update racing a migration (growth) that copies its node.
@@ -109,7 +145,7 @@ fn update_races_growth() {
         let limiter = keyed(3, &clock);
         assert!(limiter.check(&1).is_allowed());
         let other = limiter.clone();
-        // Key 2 fills the smallest table and starts a migration.
+        // Key 2 finds the smallest table full and starts a migration.
         let a = spawn(move || other.check(&2).is_allowed());
         assert!(limiter.check(&1).is_allowed());
         assert!(a.join().unwrap());
@@ -118,37 +154,189 @@ fn update_races_growth() {
         assert_eq!(last.remaining(), 0, "an update made during growth was lost");
         assert_eq!(limiter.len(), 2);
     });
+    reached(
+        &probe::READ_FROM_MIGRATING_TABLE,
+        "an update finding its node in a slot being migrated",
+    );
 }
 
 /// (e) A reader holding a node while it is evicted, dropped by a migration
-/// and handed to the epoch (and the garbage flushed, so the collector
-/// tries to advance the epoch and free it): the reader's update lands on a cell that is still valid
-/// memory, and the key's next decision accounts for it.
+/// and handed to the epoch (and the garbage flushed, so the collector tries
+/// to free it): the reader's update meets the tombstone on memory that is
+/// still valid, and the key's next decision accounts for it.
 #[test]
 fn reader_holds_node_through_reclamation() {
+    static REACHED: AtomicBool = AtomicBool::new(false);
     model(|| {
+        let start = probe::sequence();
         let clock = ManualClock::new();
         let limiter = keyed(2, &clock);
         assert!(limiter.check(&1).is_allowed());
-        clock.set(Duration::from_secs(3600));
-        // Key 2 stays busy, so the eviction leaves a sparse table and a
-        // migration that drops key 1's node.
         assert!(limiter.check(&2).is_allowed());
+        // Both idle: evict_idle empties the table, and the shrinking
+        // migration that follows drops both nodes.
+        clock.set(T);
         let other = limiter.clone();
         let reader = spawn(move || other.check(&1).is_allowed());
         limiter.evict_idle();
         assert!(reader.join().unwrap());
         let last = limiter.check(&1);
         assert_eq!(last.remaining(), 0, "the reader's update was lost");
+        let dropped = probe::NODE_DROPPED.last();
+        if dropped > start && probe::UPDATE_MET_TOMBSTONE.last() > dropped {
+            REACHED.store(true, Ordering::Relaxed);
+        }
     });
+    assert!(
+        REACHED.load(Ordering::Relaxed),
+        "no execution had the reader meet its cell after the node was dropped"
+    );
 }
 
-/// Executions, across one model's run, in which its named race was reached.
-/// std's atomics, not loom's: it must outlive each execution.
+/// (f) A shrinking migration racing an insert: the migration closes the
+/// table before it sizes the successor from the live keys, so an insert
+/// either is counted or goes to the successor; the successor never has
+/// fewer slots than keys to hold (this was a hang).
+#[test]
+fn shrink_races_insert() {
+    model(|| {
+        let clock = ManualClock::new();
+        let limiter = keyed(2, &clock);
+        assert!(limiter.check(&1).is_allowed());
+        assert!(limiter.check(&2).is_allowed());
+        clock.set(T);
+        let other = limiter.clone();
+        let a = spawn(move || other.check(&3).is_allowed());
+        assert_eq!(limiter.evict_idle(), 2);
+        assert!(a.join().unwrap());
+        assert_eq!(limiter.len(), 1);
+        assert_eq!(limiter.check(&3).remaining(), 0, "key 3 lost its state");
+    });
+    reached(
+        &probe::CLOSED_TABLE_REFUSED_INSERT,
+        "an insert refused by a table closed for a shrink",
+    );
+    reached(
+        &probe::SUCCESSOR_INSTALLED_BY_HELPER,
+        "an inserter installing the successor of a table another thread closed",
+    );
+}
+
+/// (g) Two new keys inserted while a migration starts: the thread going on
+/// to the successor freezes the empty slot it passes, so no key can land in
+/// the old table behind it.
+#[test]
+fn two_inserts_race_migration_start() {
+    model(|| {
+        let clock = ManualClock::new();
+        let limiter = keyed(2, &clock);
+        let other = limiter.clone();
+        let a = spawn(move || other.check(&2).is_allowed());
+        assert!(limiter.check(&4).is_allowed());
+        assert!(a.join().unwrap());
+        assert_eq!(limiter.len(), 2);
+        assert_eq!(limiter.check(&2).remaining(), 0);
+        assert_eq!(limiter.check(&4).remaining(), 0);
+    });
+    reached(
+        &probe::INSERT_FROZE_EMPTY_SLOT,
+        "an insert freezing an empty slot on its way to the successor",
+    );
+    reached(&probe::CONCURRENT_ADMITS, "two new keys at once");
+}
+
+/// (h) Overflow eviction racing an update of its victim, at `max_keys`: the
+/// update either lands first (and the evictor picks again) or meets the
+/// tombstone and goes back to the map; the bound holds throughout.
+#[test]
+fn overflow_eviction_races_update() {
+    model(|| {
+        let clock = ManualClock::new();
+        let limiter = Arc::new(
+            KeyedLimiter::builder(quota(3))
+                .clock(clock.clone())
+                .max_keys(1)
+                .overflow(OverflowPolicy::EvictFullest)
+                .build(),
+        );
+        assert!(limiter.check(&1).is_allowed());
+        let other = limiter.clone();
+        let a = spawn(move || other.check(&1).is_allowed());
+        assert!(limiter.check(&2).is_allowed(), "the new key is admitted");
+        assert!(a.join().unwrap());
+        assert_eq!(limiter.len(), 1);
+    });
+    reached(
+        &probe::UPDATE_MET_TOMBSTONE,
+        "an update meeting the overflow eviction's tombstone",
+    );
+    reached(
+        &probe::EVICTION_LOST,
+        "an overflow eviction losing its victim to an update",
+    );
+}
+
+/// (i) Two new keys race for the last place under `max_keys` with
+/// `OverflowPolicy::Deny`: exactly one is tracked, never two.
+#[test]
+fn max_keys_is_exact() {
+    model(|| {
+        let clock = ManualClock::new();
+        let limiter = Arc::new(
+            KeyedLimiter::builder(quota(2))
+                .clock(clock.clone())
+                .max_keys(1)
+                .overflow(OverflowPolicy::Deny)
+                .build(),
+        );
+        let other = limiter.clone();
+        let a = spawn(move || other.check(&1).is_allowed());
+        let b = limiter.check(&2).is_allowed();
+        let a = a.join().unwrap();
+        assert!(a ^ b, "exactly one new key gets the last place: {a} {b}");
+        assert_eq!(limiter.len(), 1);
+    });
+    reached(&probe::CONCURRENT_ADMITS, "two new keys at once");
+}
+
+/// (j) A migration's chunks handed out to two threads: each copies its own,
+/// the thread that finishes last swings the root whether or not it started
+/// the migration, and a thread that finds every chunk claimed waits for
+/// the claimers. No key is lost.
+#[test]
+fn migration_chunks_are_shared() {
+    model(|| {
+        let clock = ManualClock::new();
+        let limiter = keyed(3, &clock);
+        assert!(limiter.check(&1).is_allowed());
+        let other = limiter.clone();
+        // Key 2 finds the smallest table full and starts a migration ...
+        let a = spawn(move || other.check(&2).is_allowed());
+        // ... which evict_idle (nothing is idle) finishes or waits for.
+        assert_eq!(limiter.evict_idle(), 0);
+        assert!(a.join().unwrap());
+        assert_eq!(limiter.len(), 2);
+        assert_eq!(limiter.check(&1).remaining(), 1);
+        assert_eq!(limiter.check(&2).remaining(), 1);
+    });
+    reached(
+        &probe::CHUNKS_COPIED_BY_TWO_THREADS,
+        "two threads copying chunks of one migration",
+    );
+    reached(
+        &probe::ROOT_SWUNG_BY_HELPER,
+        "the root swung by a thread that did not start copying",
+    );
+    reached(
+        &probe::WAITED_FOR_CLAIMED_CHUNKS,
+        "a thread finding every chunk claimed",
+    );
+}
+
 static MULTI_RACE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 static REFUND_RACE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// (f) Several limits, charge then roll back: two checks that the second
+/// (k) Several limits, charge then roll back: two checks that the second
 /// limit denies, racing on the first limit. The race: one check meets the
 /// other's charge on the first limit before it is rolled back (it reports
 /// the first limit as binding). In every interleaving both are denied and
@@ -183,7 +371,7 @@ fn multi_rollback_meets_a_racing_charge() {
     );
 }
 
-/// (g) A refund racing a check on the last token: a check that lands
+/// (l) A refund racing a check on the last token: a check that lands
 /// between another's check and its refund is denied (the race), and in
 /// every interleaving the bucket ends holding exactly the tokens not given
 /// back.

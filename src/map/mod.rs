@@ -21,6 +21,9 @@ pub(crate) use raw::{Idle, Node};
 pub(crate) struct Map<K> {
     raw: RawMap<K>,
     hasher: ahash::RandomState,
+    /// Threads' cached handles on `collector` watch this to know when to
+    /// let go of them (see `pin`).
+    alive: pin::Alive,
     // Declared last: dropped after `raw`, whose drop frees what is left
     // without needing the epoch.
     collector: Collector,
@@ -38,6 +41,7 @@ impl<K> Map<K> {
         Map {
             raw: RawMap::new(),
             hasher: new_hasher(),
+            alive: pin::Alive::new(),
             collector,
         }
     }
@@ -52,13 +56,22 @@ impl<K> Map<K> {
     pub(crate) fn pin(&self) -> Pinned<'_, K> {
         Pinned {
             raw: &self.raw,
-            guard: pin::pin(&self.collector),
+            guard: pin::pin(&self.collector, &self.alive),
         }
     }
 
     #[inline]
     pub(crate) fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
         self.hasher.hash_one(key)
+    }
+}
+
+impl<K> Drop for Map<K> {
+    fn drop(&mut self) {
+        // Let go of this thread's handle now, and tell other threads to let
+        // go of theirs at their next pin: the collector, and the garbage it
+        // still holds for this map, is freed with the last handle.
+        pin::forget(&self.collector, &self.alive);
     }
 }
 
@@ -109,20 +122,25 @@ impl<K: Hash + Eq> Pinned<'_, K> {
         self.raw.find(hash, key, &self.guard)
     }
 
-    /// The live node for `key`, inserting a fresh one (state 0) made by
-    /// `make` if there is none; the bool says whether this call inserted it.
+    /// The live node for `key`, inserting a fresh one made by `make` and
+    /// holding `state` if there is none; the bool says whether this call
+    /// inserted it. The caller holds a reservation for the key (from
+    /// [`try_reserve`](Self::try_reserve) or
+    /// [`evict_one_near`](Self::evict_one_near)) and gives it back with
+    /// [`unreserve`](Self::unreserve) if the key was there already.
     pub(crate) fn insert<Q>(
         &self,
         hash: u64,
         key: &Q,
         make: impl FnOnce() -> K,
+        state: u64,
         idle: &impl Idle,
     ) -> (&Node<K>, bool)
     where
         K: Borrow<Q>,
         Q: ?Sized + Eq,
     {
-        self.raw.insert(hash, key, make, idle, &self.guard)
+        self.raw.insert(hash, key, make, state, idle, &self.guard)
     }
 
     /// Reserves room for one more key if fewer than `max` are live.
@@ -144,7 +162,8 @@ impl<K: Hash + Eq> Pinned<'_, K> {
         self.raw.remove(hash, key, &self.guard)
     }
 
-    /// Tombstones the least-informative live key near `hash`.
+    /// Tombstones the least-informative live key near `hash`; on success the
+    /// caller holds its place as a reservation.
     pub(crate) fn evict_one_near(&self, hash: u64, sample: usize) -> bool {
         self.raw.evict_one_near(hash, sample, &self.guard)
     }
@@ -189,6 +208,7 @@ impl<K: Hash + Eq> Pinned<'_, K> {
         let mut evicted = 0;
         while let Some(n) = self.raw.help_migrate(usize::MAX, idle, &self.guard) {
             evicted += n;
+            // Every chunk is claimed: wait for the claimers to finish theirs.
             crate::sync::yield_now();
         }
         evicted
@@ -210,7 +230,7 @@ mod tests {
         let pinned = map.pin();
         let hash = map.hash(key);
         assert!(pinned.try_reserve(usize::MAX));
-        let (node, inserted) = pinned.insert(hash, key, || key.to_owned(), &never_idle);
+        let (node, inserted) = pinned.insert(hash, key, || key.to_owned(), 0, &never_idle);
         if !inserted {
             pinned.unreserve();
         }
@@ -276,6 +296,9 @@ mod tests {
             "b had the smaller TAT"
         );
         assert!(pinned.find(map.hash("a"), "a").is_some());
+        // The evicted key's place is the caller's reservation now.
+        assert_eq!(map.len(), 2);
+        pinned.unreserve();
         assert_eq!(map.len(), 1);
     }
 
@@ -294,8 +317,13 @@ mod tests {
                             Some(node) => node,
                             None => {
                                 assert!(pinned.try_reserve(usize::MAX));
-                                let (node, inserted) =
-                                    pinned.insert(hash, key.as_str(), || key.clone(), &never_idle);
+                                let (node, inserted) = pinned.insert(
+                                    hash,
+                                    key.as_str(),
+                                    || key.clone(),
+                                    0,
+                                    &never_idle,
+                                );
                                 if !inserted {
                                     pinned.unreserve();
                                 }

@@ -66,6 +66,25 @@
 //! retires the old table through the epoch. A successor migrates only after
 //! it has become the root, so there are at most two tables at a time.
 //!
+//! # Sizing a successor
+//!
+//! A migration must never have more live nodes to place than its successor
+//! has slots (it would probe forever), so the successor is sized from a
+//! count that bounds them. Starting a migration first *closes* the table
+//! (a bit in `occupied`), then reads `len`, then allocates and installs.
+//! Every insert reserves its key in `len` (or takes over an evicted key's
+//! place there) *before* it reserves a slot in `occupied`, and a closed
+//! table refuses reservations. So an insert that can still land in the old
+//! table reserved its slot before the close, and the close (Acquire)
+//! synchronises with that reservation (Release): the `len` read after the
+//! close counts it. Nodes that die meanwhile are not copied. Hence the
+//! nodes copied are at most `len` as read, the successor gets three slots
+//! per such key, and direct inserts into it stop at half full: it is never
+//! more than `5/6` full. Any thread that finds a table closed but without a
+//! successor computes one the same way and races to install it, so a
+//! starter that is descheduled between the close and the install blocks no
+//! one.
+//!
 //! # Orderings
 //!
 //! One rule for the whole file, so each access need not repeat it:
@@ -73,10 +92,13 @@
 //!   (or `AcqRel`) CAS or store and read with `Acquire`, because every
 //!   reader dereferences what it loads: the node's or table's fields must
 //!   be visible before its address is.
-//! - **Counters** (`occupied`, `claimed`, `sweep`, `len`) are `Relaxed`:
-//!   they steer heuristics (when to migrate, where to sweep, whether there
-//!   is room for a key) and guard no memory. A `claimed` chunk is owned by
-//!   the one `fetch_add` that returned it, whatever the ordering.
+//! - **Counters** (`claimed`, `sweep`, `len`) are `Relaxed`: they steer
+//!   heuristics (where to sweep, whether there is room for a key) or are
+//!   owned by the one `fetch_add` that returned them (a `claimed` chunk),
+//!   whatever the ordering.
+//! - **`occupied`** is `Relaxed` too, except the pair that sizes a
+//!   successor: a slot reservation is `Release` and the close is `Acquire`
+//!   (see "Sizing a successor").
 //! - **`migrated`** is `AcqRel`: the thread that brings it to the capacity
 //!   retires the table, so it must see every other chunk's copies first.
 //! - **Cells** have their own argument, in `crate::cell`.
@@ -104,17 +126,17 @@ pub(crate) const MIN_CAPACITY: usize = 16;
 #[cfg(turnstile_loom)]
 pub(crate) const MIN_CAPACITY: usize = 2;
 
-/// Room a new table keeps beyond the live keys for nodes inserted into the
-/// old table while the migration starts (at most one per racing thread).
-#[cfg(not(turnstile_loom))]
-const HEADROOM: usize = 16;
-#[cfg(turnstile_loom)]
-const HEADROOM: usize = 0;
-
 /// Slots a caller copies per migration step: small enough to keep one
 /// insert's extra latency to a few microseconds, large enough that a table
-/// of a million slots is copied after ~16k steps.
+/// of a million slots is copied after ~16k steps. One under loom, so that
+/// the models' small tables have several chunks to hand out and race over.
+#[cfg(not(turnstile_loom))]
 pub const MIGRATION_CHUNK: usize = 64;
+#[cfg(turnstile_loom)]
+pub const MIGRATION_CHUNK: usize = 1;
+
+/// The bit of `occupied` that closes a table to inserts (see `close`).
+const CLOSED: usize = 1 << (usize::BITS - 1);
 
 /// One key's bucket. Never moves while the map is shared.
 #[derive(Debug)]
@@ -136,10 +158,15 @@ struct Table<K> {
     // Written by inserts, migrations and sweeps: on a line of their own, so
     // those writes do not evict the fields above from every reader's cache.
     counters: CachePadded<TableCounters>,
+    /// Which threads copied chunks of this table (loom probes only).
+    #[cfg(turnstile_loom)]
+    copiers: std::sync::Mutex<Vec<loom::thread::ThreadId>>,
 }
 
 struct TableCounters {
-    /// Slots ever filled (live, dead or copied in). Never decreases.
+    /// Slots ever filled (live, dead or copied in) or reserved by an insert
+    /// about to fill one, and the [`CLOSED`] bit. Only a failed reservation
+    /// takes one back.
     occupied: AtomicUsize,
     /// Migration cursor: slots `[0, claimed)` have been handed out.
     claimed: AtomicUsize,
@@ -162,6 +189,8 @@ impl<K> Table<K> {
                 migrated: AtomicUsize::new(0),
                 sweep: AtomicUsize::new(0),
             }),
+            #[cfg(turnstile_loom)]
+            copiers: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -169,14 +198,48 @@ impl<K> Table<K> {
         self.mask + 1
     }
 
-    /// Direct inserts stop at half full: probe chains stay short.
-    fn is_full(&self) -> bool {
-        self.counters.occupied.load(Ordering::Relaxed) >= self.capacity() / 2
+    /// Slots filled or reserved.
+    fn occupied(&self) -> usize {
+        self.counters.occupied.load(Ordering::Relaxed) & !CLOSED
+    }
+
+    /// Reserves a slot for an insert, unless the table is closed or half
+    /// full (direct inserts stop there: probe chains stay short). A
+    /// reservation is held while the insert's slot CAS runs.
+    ///
+    /// Release: pairs with `close`'s Acquire. An insert reserves its key in
+    /// the map's `len` first (program order), so a migration that closes
+    /// this table and then counts `len` counts every insert that can still
+    /// land here (see "Sizing a successor" in the module docs).
+    fn reserve_slot(&self) -> bool {
+        let before = self.counters.occupied.fetch_add(1, Ordering::Release);
+        if before & CLOSED != 0 || before >= self.capacity() / 2 {
+            #[cfg(turnstile_loom)]
+            if before & CLOSED != 0 {
+                crate::probe::hit(&crate::probe::CLOSED_TABLE_REFUSED_INSERT);
+            }
+            self.release_slot();
+            return false;
+        }
+        true
+    }
+
+    /// Gives back a reservation that did not fill a slot.
+    fn release_slot(&self) {
+        self.counters.occupied.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Closes the table to inserts: every `reserve_slot` after this fails.
+    /// Returns whether this call closed it. Acquire: see `reserve_slot`.
+    fn close(&self) -> bool {
+        self.counters.occupied.fetch_or(CLOSED, Ordering::Acquire) & CLOSED == 0
     }
 }
 
 /// The capacity for a table that will hold `live` keys: at most a third
-/// full right after the migration, so it takes many inserts to fill again.
+/// full right after the migration, so it takes many inserts to fill again,
+/// and never more than `5/6` full counting the inserts made during the
+/// migration (those stop at half full).
 fn capacity_for(live: usize) -> usize {
     live.saturating_mul(3)
         .max(MIN_CAPACITY)
@@ -194,6 +257,19 @@ impl<F: Fn(u64) -> bool> Idle for F {
     fn is_idle(&self, state: u64) -> bool {
         self(state)
     }
+}
+
+/// What migrating one slot did.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Moved {
+    /// The slot was empty.
+    Empty,
+    /// A live node, now in the successor.
+    Copied,
+    /// An idle node, evicted and handed to the epoch.
+    Evicted,
+    /// A dead node, handed to the epoch.
+    Dropped,
 }
 
 /// The map's shared state. All methods take a `Guard` pinned on `collector`
@@ -285,17 +361,26 @@ impl<K: Hash + Eq> RawMap<K> {
         // has not been handed to the epoch yet (only the DROPPED transition
         // does that), and `guard` (the lifetime 'g) holds off its reclamation.
         let node = unsafe { slot.deref() };
-        (node.hash == hash && node.key.borrow() == key && node.cell.load() != TOMBSTONE)
-            .then_some(node)
+        let found = node.hash == hash && node.key.borrow() == key && node.cell.load() != TOMBSTONE;
+        #[cfg(turnstile_loom)]
+        if found && slot.tag() != LIVE {
+            crate::probe::hit(&crate::probe::READ_FROM_MIGRATING_TABLE);
+        }
+        found.then_some(node)
     }
 
-    /// The live node for `key`, inserting `make()` (state 0) if there is
+    /// The live node for `key`, inserting `make()` with `state` if there is
     /// none. Returns the node and whether it was inserted by this call.
+    ///
+    /// The caller holds a reservation in `len` for the key (`try_reserve`,
+    /// or an overflow eviction's), taken before this call: migrations size
+    /// their successor by it.
     pub(crate) fn insert<'g, Q>(
         &self,
         hash: u64,
         key: &Q,
         make: impl FnOnce() -> K,
+        state: u64,
         idle: &impl Idle,
         guard: &'g Guard,
     ) -> (&'g Node<K>, bool)
@@ -311,6 +396,10 @@ impl<K: Hash + Eq> RawMap<K> {
             let t = unsafe { table.deref() };
             let mut index = hash as usize & t.mask;
             let mut probed = 0;
+            // Bounded: each pass of the loop either moves to the next slot
+            // (at most `capacity` times) or follows a slot that another
+            // thread changed (filled or froze: each slot changes at most
+            // twice).
             while probed < t.capacity() {
                 let slot = t.slots[index].load(Ordering::Acquire, guard);
                 if !slot.is_null() {
@@ -327,11 +416,11 @@ impl<K: Hash + Eq> RawMap<K> {
                     table = self.successor(table, idle, guard);
                     continue 'tables;
                 }
-                if !t.next.load(Ordering::Acquire, guard).is_null() || t.is_full() {
+                if !t.next.load(Ordering::Acquire, guard).is_null() || !t.reserve_slot() {
                     // Going on to the successor: first make sure no one
                     // fills this slot with our key behind our back (a thread
-                    // that saw the table with room a moment ago). Freeze it;
-                    // if that fails, someone filled it: look at it again.
+                    // that reserved room here a moment ago). Freeze it; if
+                    // that fails, someone filled it: look at it again.
                     let next = self.successor(table, idle, guard);
                     if t.slots[index]
                         .compare_exchange(
@@ -343,6 +432,8 @@ impl<K: Hash + Eq> RawMap<K> {
                         )
                         .is_ok()
                     {
+                        #[cfg(turnstile_loom)]
+                        crate::probe::hit(&crate::probe::INSERT_FROZE_EMPTY_SLOT);
                         table = next;
                         continue 'tables;
                     }
@@ -352,7 +443,7 @@ impl<K: Hash + Eq> RawMap<K> {
                     let key = make.take().map(|make| make());
                     Owned::new(Node {
                         hash,
-                        cell: Cell::new(0),
+                        cell: Cell::new(state),
                         key: key.expect("a fresh node is made at most once"),
                     })
                 });
@@ -366,13 +457,18 @@ impl<K: Hash + Eq> RawMap<K> {
                     guard,
                 ) {
                     Ok(inserted) => {
-                        t.counters.occupied.fetch_add(1, Ordering::Relaxed);
                         // SAFETY: we just published it; it is freed only
                         // after a migration drops it, which `guard` outlives.
                         return (unsafe { inserted.deref() }, true);
                     }
-                    // Someone filled or froze the slot first: look at it again.
-                    Err(lost) => fresh = Some(lost.new),
+                    // Someone filled or froze the slot first: give the
+                    // reservation back and look at the slot again.
+                    Err(lost) => {
+                        t.release_slot();
+                        fresh = Some(lost.new);
+                        #[cfg(turnstile_loom)]
+                        crate::probe::hit(&crate::probe::INSERT_LOST_SLOT);
+                    }
                 }
             }
             table = self.successor(table, idle, guard);
@@ -408,7 +504,10 @@ impl<K: Hash + Eq> RawMap<K> {
                     return root;
                 }
                 if self.migrate_chunk(root, r_next, idle, guard).is_none() {
-                    // Every chunk is claimed; wait for their claimers.
+                    // Every chunk is claimed; wait for their claimers (see
+                    // "Progress" in `crate::keyed`).
+                    #[cfg(turnstile_loom)]
+                    crate::probe::hit(&crate::probe::WAITED_FOR_CLAIMED_CHUNKS);
                     crate::sync::yield_now();
                 }
                 continue;
@@ -420,7 +519,8 @@ impl<K: Hash + Eq> RawMap<K> {
         }
     }
 
-    /// Installs a successor for the root `table`, sized for the live keys.
+    /// Installs a successor for the root `table`, sized for the live keys;
+    /// any thread may call it, and all get the one successor that won.
     fn start_migration<'g>(
         &self,
         table: Shared<'g, Table<K>>,
@@ -428,9 +528,17 @@ impl<K: Hash + Eq> RawMap<K> {
     ) -> Shared<'g, Table<K>> {
         // SAFETY: as in `find`.
         let t = unsafe { table.deref() };
-        let next = Owned::new(Table::new(capacity_for(self.len() + HEADROOM)));
+        // Close first, count second: every insert that can still land in
+        // `table` is counted in `len` now (see "Sizing a successor").
+        let closed_here = t.close();
+        let current = t.next.load(Ordering::Acquire, guard);
+        if !current.is_null() {
+            return current;
+        }
+        let live = self.len.load(Ordering::Relaxed);
+        let next = Owned::new(Table::new(capacity_for(live)));
         // AcqRel: publishes the new table's fields; Acquire on failure to
-        // read the winner's.
+        // read the winner's. A loser's table is dropped unpublished.
         match t.next.compare_exchange(
             Shared::null(),
             next,
@@ -438,7 +546,14 @@ impl<K: Hash + Eq> RawMap<K> {
             Ordering::Acquire,
             guard,
         ) {
-            Ok(next) => next,
+            Ok(next) => {
+                #[cfg(turnstile_loom)]
+                if !closed_here {
+                    crate::probe::hit(&crate::probe::SUCCESSOR_INSTALLED_BY_HELPER);
+                }
+                let _ = closed_here;
+                next
+            }
             Err(lost) => lost.current,
         }
     }
@@ -451,11 +566,7 @@ impl<K: Hash + Eq> RawMap<K> {
         // SAFETY: as in `find`.
         let t = unsafe { root.deref() };
         let live = self.len();
-        let dead = t
-            .counters
-            .occupied
-            .load(Ordering::Relaxed)
-            .saturating_sub(live);
+        let dead = t.occupied().saturating_sub(live);
         let oversized = capacity_for(live) <= t.capacity() / 4;
         if t.capacity() > MIN_CAPACITY
             && (dead >= t.capacity() / 4 || oversized)
@@ -481,10 +592,19 @@ impl<K: Hash + Eq> RawMap<K> {
             return None;
         }
         let mut evicted = 0;
-        for _ in 0..chunks {
+        for copied in 0..chunks {
             match self.migrate_chunk(root, next, idle, guard) {
                 Some(n) => evicted += n,
-                None => break,
+                None => {
+                    // Every chunk was claimed already: this caller waits
+                    // for the claimers if it must (see `finish_migration`).
+                    #[cfg(turnstile_loom)]
+                    if copied == 0 {
+                        crate::probe::hit(&crate::probe::WAITED_FOR_CLAIMED_CHUNKS);
+                    }
+                    let _ = copied;
+                    break;
+                }
             }
         }
         Some(evicted)
@@ -509,8 +629,24 @@ impl<K: Hash + Eq> RawMap<K> {
             return None;
         }
         let end = (start + MIGRATION_CHUNK).min(t.capacity());
+        #[cfg(turnstile_loom)]
+        {
+            let mut copiers = t.copiers.lock().unwrap();
+            let me = loom::thread::current().id();
+            if !copiers.contains(&me) {
+                copiers.push(me);
+                if copiers.len() == 2 {
+                    crate::probe::hit(&crate::probe::CHUNKS_COPIED_BY_TWO_THREADS);
+                }
+            }
+        }
+        let mut dropped = false;
         let evicted = (start..end)
-            .filter(|&index| self.migrate_slot(&t.slots[index], n, idle, guard))
+            .filter(|&index| {
+                let outcome = self.migrate_slot(&t.slots[index], n, idle, guard);
+                dropped |= outcome != Moved::Copied;
+                outcome == Moved::Evicted
+            })
             .count();
         // AcqRel: the finisher must see every other chunk's copies before it
         // retires the table.
@@ -526,34 +662,47 @@ impl<K: Hash + Eq> RawMap<K> {
             // ever to fail, leaking the table beats freeing a live one.
             debug_assert!(swung.is_ok(), "only the root is ever migrated");
             if swung.is_ok() {
+                #[cfg(turnstile_loom)]
+                if t.copiers.lock().unwrap().first() != Some(&loom::thread::current().id()) {
+                    crate::probe::hit(&crate::probe::ROOT_SWUNG_BY_HELPER);
+                }
                 // SAFETY: the table is unreachable from the root now;
                 // threads that loaded it earlier are pinned, and the epoch
                 // frees it only after they unpin. Its nodes are not freed
                 // with it (dropping a `Table` drops only its pointers).
                 unsafe { guard.defer_destroy(table) };
+                dropped = true;
             }
+        }
+        if dropped {
+            // Hand what this chunk retired to the collector now, not when
+            // this thread's local bag fills: retired memory must not wait
+            // on a housekeeping tick (a frozen clock has none), and a bag
+            // left on a thread outlives the map.
+            guard.flush();
         }
         Some(evicted)
     }
 
     /// Freezes one slot and moves its node on (this thread owns the slot's
-    /// migration: it claimed the chunk). Returns whether it evicted an idle key.
+    /// migration: it claimed the chunk).
     fn migrate_slot(
         &self,
         slot: &Atomic<Node<K>>,
         next: &Table<K>,
         idle: &impl Idle,
         guard: &Guard,
-    ) -> bool {
+    ) -> Moved {
         // Freeze: after this no insert can fill the slot. Only inserts race
-        // with us here (they fill EMPTY slots), so retry until it sticks.
+        // with us here (they fill or freeze EMPTY slots, once), so this
+        // loop retries at most twice.
         let frozen = loop {
             let current = slot.load(Ordering::Acquire, guard);
             if current.tag() != LIVE {
                 // Only an inserter that moved on to the successor freezes a
                 // slot ahead of us, and only an empty one.
                 debug_assert!(current.is_null() && current.tag() == FROZEN);
-                return false;
+                return Moved::Empty;
             }
             match slot.compare_exchange(
                 current,
@@ -567,24 +716,37 @@ impl<K: Hash + Eq> RawMap<K> {
             }
         };
         if frozen.is_null() {
-            return false;
+            return Moved::Empty;
         }
         // SAFETY: the slot is FROZEN, not DROPPED, so the node has not been
         // handed to the epoch; `guard` holds off reclamation in any case.
         let node = unsafe { frozen.deref() };
         let evicted = self.claim_if_idle(node, idle);
-        if evicted || node.cell.load() == TOMBSTONE {
-            // Dead: unlink it from this table (readers skip DROPPED slots and
-            // it was never copied), then let the epoch free it.
-            slot.store(frozen.with_tag(DROPPED), Ordering::Release);
-            // SAFETY: the node is reachable only through this slot, which no
-            // longer yields it; threads that loaded it earlier are pinned.
-            unsafe { guard.defer_destroy(frozen.with_tag(LIVE)) };
-        } else {
-            next.place(frozen.with_tag(LIVE), node.hash, guard);
-            slot.store(frozen.with_tag(COPIED), Ordering::Release);
+        if !evicted && node.cell.load() != TOMBSTONE {
+            if next.place(frozen.with_tag(LIVE), node.hash, guard) {
+                slot.store(frozen.with_tag(COPIED), Ordering::Release);
+                return Moved::Copied;
+            }
+            // No room: impossible by the sizing argument, but a lost bucket
+            // is a better failure than a hang. Kill it like an eviction.
+            debug_assert!(false, "a migration found its successor full");
+            if node.cell.try_claim(|_| true) {
+                self.len.fetch_sub(1, Ordering::Relaxed);
+            }
         }
-        evicted
+        // Dead: unlink it from this table (readers skip DROPPED slots and
+        // it was never copied), then let the epoch free it.
+        slot.store(frozen.with_tag(DROPPED), Ordering::Release);
+        // SAFETY: the node is reachable only through this slot, which no
+        // longer yields it; threads that loaded it earlier are pinned.
+        unsafe { guard.defer_destroy(frozen.with_tag(LIVE)) };
+        #[cfg(turnstile_loom)]
+        crate::probe::hit(&crate::probe::NODE_DROPPED);
+        if evicted {
+            Moved::Evicted
+        } else {
+            Moved::Dropped
+        }
     }
 
     /// Tombstones `node` if its state is idle; counts it out of `len`.
@@ -621,42 +783,48 @@ impl<K: Hash + Eq> RawMap<K> {
 
     /// Tombstones the live node with the smallest state (for GCRA, the
     /// bucket closest to full) among the first `sample` live nodes found
-    /// from `hash` on, making room for one more key. At least two
-    /// candidates are compared whenever the table holds two, so a busy
+    /// from `hash` on, in the root and, during a migration, its successor
+    /// (keys inserted since the migration began are only there). At least
+    /// two candidates are compared whenever the map holds two, so a busy
     /// key is never chosen merely for being alone in its neighbourhood.
-    /// Returns false if no live node was found to evict.
+    ///
+    /// On success the evicted key's place in `len` passes to the caller,
+    /// who holds it as a reservation: `len` does not change, and no other
+    /// thread can take the room this call made. Returns false if nothing
+    /// was evicted (no live node found, or the chosen one was updated or
+    /// evicted by someone else first).
     pub(crate) fn evict_one_near(&self, hash: u64, sample: usize, guard: &Guard) -> bool {
-        let root = self.root.load(Ordering::Acquire, guard);
-        // SAFETY: as in `find`.
-        let t = unsafe { root.deref() };
-        let start = hash as usize;
+        let want = sample.max(2);
         let mut best: Option<(&Node<K>, u64)> = None;
         let mut seen = 0;
-        for offset in 0..t.capacity() {
-            let slot = t.slots[(start + offset) & t.mask].load(Ordering::Acquire, guard);
-            if slot.is_null() || slot.tag() == DROPPED {
-                continue;
+        let mut table = self.root.load(Ordering::Acquire, guard);
+        while !table.is_null() && seen < want {
+            // SAFETY: as in `find`.
+            let t = unsafe { table.deref() };
+            let start = hash as usize;
+            for offset in 0..t.capacity() {
+                let slot = t.slots[(start + offset) & t.mask].load(Ordering::Acquire, guard);
+                if slot.is_null() || slot.tag() == DROPPED {
+                    continue;
+                }
+                // SAFETY: as in `live_match`.
+                let node = unsafe { slot.deref() };
+                let state = node.cell.load();
+                if state == TOMBSTONE {
+                    continue;
+                }
+                seen += 1;
+                if best.is_none_or(|(_, s)| state < s) {
+                    best = Some((node, state));
+                }
+                if seen >= want {
+                    break;
+                }
             }
-            // SAFETY: as in `live_match`.
-            let node = unsafe { slot.deref() };
-            let state = node.cell.load();
-            if state == TOMBSTONE {
-                continue;
-            }
-            seen += 1;
-            if best.is_none_or(|(_, s)| state < s) {
-                best = Some((node, state));
-            }
-            if seen >= sample.max(2) {
-                break;
-            }
+            table = t.next.load(Ordering::Acquire, guard);
         }
         // Lost to an update or another evictor: the caller samples again.
-        let claimed = best.is_some_and(|(node, state)| node.cell.try_claim(|now| now == state));
-        if claimed {
-            self.len.fetch_sub(1, Ordering::Relaxed);
-        }
-        claimed
+        best.is_some_and(|(node, state)| node.cell.try_claim(|now| now == state))
     }
 
     /// Tombstones the live node for `key`, whatever its state, and counts
@@ -679,10 +847,14 @@ impl<K: Hash + Eq> RawMap<K> {
 }
 
 impl<K> Table<K> {
-    /// Puts an existing live node into this (not yet migrating) table.
-    fn place(&self, node: Shared<'_, Node<K>>, hash: u64, guard: &Guard) {
+    /// Puts an existing live node into this (not yet migrating) table;
+    /// false if no slot is free, which the sizing of successors rules out.
+    /// Bounded: one pass over the table, each slot retried only while
+    /// inserts fill it (once).
+    fn place(&self, node: Shared<'_, Node<K>>, hash: u64, guard: &Guard) -> bool {
         let mut index = hash as usize & self.mask;
-        loop {
+        let mut probed = 0;
+        while probed < self.capacity() {
             let slot = self.slots[index].load(Ordering::Acquire, guard);
             if slot.is_null() {
                 // Release: readers of the slot see the node's fields (they
@@ -693,12 +865,14 @@ impl<K> Table<K> {
                     .is_ok()
                 {
                     self.counters.occupied.fetch_add(1, Ordering::Relaxed);
-                    return;
+                    return true;
                 }
                 continue;
             }
             index = (index + 1) & self.mask;
+            probed += 1;
         }
+        false
     }
 }
 

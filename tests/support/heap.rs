@@ -14,6 +14,7 @@ static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 
 fn grew(bytes: usize) {
+    pause_if_armed(bytes);
     let live = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
     PEAK.fetch_max(live, Ordering::Relaxed);
 }
@@ -54,6 +55,45 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: the caller's obligations pass through to System.
         unsafe { System.dealloc(ptr, layout) }
     }
+}
+
+/// An allocation of `size` bytes made by a thread that armed [`pause_at`]
+/// waits there until [`release`]: a stand-in for the OS descheduling that
+/// thread at that exact point, so a test can replay a race deterministically.
+static PAUSED: AtomicUsize = AtomicUsize::new(0);
+static RELEASED: AtomicUsize = AtomicUsize::new(0);
+
+std::thread_local! {
+    static ARMED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+fn pause_if_armed(bytes: usize) {
+    // `try_with`: allocations during thread teardown must not panic.
+    let armed = ARMED.try_with(|armed| armed.get()).unwrap_or(0);
+    if armed == 0 || armed != bytes {
+        return;
+    }
+    let _ = ARMED.try_with(|armed| armed.set(0));
+    PAUSED.fetch_add(1, Ordering::SeqCst);
+    while RELEASED.load(Ordering::SeqCst) < PAUSED.load(Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+}
+
+/// Makes this thread's next allocation of exactly `size` bytes wait until
+/// [`release`] is called (once).
+pub fn pause_at(size: usize) {
+    ARMED.with(|armed| armed.set(size));
+}
+
+/// Whether some armed thread is waiting in its allocation now.
+pub fn is_paused() -> bool {
+    RELEASED.load(Ordering::SeqCst) < PAUSED.load(Ordering::SeqCst)
+}
+
+/// Lets the waiting thread go on.
+pub fn release() {
+    RELEASED.fetch_add(1, Ordering::SeqCst);
 }
 
 #[global_allocator]

@@ -1,0 +1,102 @@
+//! Counters of rare interleavings, compiled only for the loom models
+//! (`--cfg turnstile_loom`). A model that names a race asserts, after loom
+//! has explored it, that the race was reached in at least one execution: a
+//! model that can pass without reaching its race is a false pass.
+//!
+//! Not API: the counters are plain `std` atomics (loom does not model them,
+//! so they add no branches), bumped on the cold paths where each race shows.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// One counter, and when it was last hit.
+#[derive(Debug)]
+pub struct Probe {
+    hits: AtomicUsize,
+    last: AtomicUsize,
+}
+
+/// Orders every hit of every probe. loom runs one thread at a time, so this
+/// is the real order of events within an execution.
+static SEQUENCE: AtomicUsize = AtomicUsize::new(0);
+
+impl Probe {
+    const fn new() -> Self {
+        Probe {
+            hits: AtomicUsize::new(0),
+            last: AtomicUsize::new(0),
+        }
+    }
+
+    /// Times the interleaving was reached, over every execution so far.
+    pub fn count(&self) -> usize {
+        self.hits.load(Ordering::Relaxed)
+    }
+
+    /// The [`sequence`] number of the last hit (0 if never hit).
+    pub fn last(&self) -> usize {
+        self.last.load(Ordering::Relaxed)
+    }
+}
+
+/// The sequence number of the latest hit of any probe: read it at the start
+/// of an execution to tell its hits from earlier executions'.
+pub fn sequence() -> usize {
+    SEQUENCE.load(Ordering::Relaxed)
+}
+
+pub(crate) fn hit(probe: &Probe) {
+    probe.hits.fetch_add(1, Ordering::Relaxed);
+    let now = SEQUENCE.fetch_add(1, Ordering::Relaxed) + 1;
+    probe.last.store(now, Ordering::Relaxed);
+}
+
+/// A cell's CAS failed because another update landed first.
+pub static CAS_RETRY: Probe = Probe::new();
+/// A check's update met a tombstone: its key was evicted under it.
+pub static UPDATE_MET_TOMBSTONE: Probe = Probe::new();
+/// An overflow eviction claimed no victim (its choice was updated or
+/// evicted by another thread first).
+pub static EVICTION_LOST: Probe = Probe::new();
+/// A lookup found its node through a slot that a migration had frozen or
+/// copied: the reader is on the old table while the node moves.
+pub static READ_FROM_MIGRATING_TABLE: Probe = Probe::new();
+/// An insert lost its slot's CAS (another insert filled it, or a thread
+/// going on to the successor froze it).
+pub static INSERT_LOST_SLOT: Probe = Probe::new();
+/// An insert going on to the successor froze an empty slot of the old table.
+pub static INSERT_FROZE_EMPTY_SLOT: Probe = Probe::new();
+/// An insert was refused by a table a migration had closed.
+pub static CLOSED_TABLE_REFUSED_INSERT: Probe = Probe::new();
+/// A migration's successor was installed by a thread that had not closed
+/// the table (it saw the table closed and finished the start).
+pub static SUCCESSOR_INSTALLED_BY_HELPER: Probe = Probe::new();
+/// A thread waited because every chunk of a migration was claimed.
+pub static WAITED_FOR_CLAIMED_CHUNKS: Probe = Probe::new();
+/// The root was swung by a thread that did not copy the first chunk.
+pub static ROOT_SWUNG_BY_HELPER: Probe = Probe::new();
+/// A migration's chunks were copied by two different threads.
+pub static CHUNKS_COPIED_BY_TWO_THREADS: Probe = Probe::new();
+/// A migration dropped a dead node and handed it to the epoch.
+pub static NODE_DROPPED: Probe = Probe::new();
+/// A new key looked for room while another new key was doing the same.
+pub static CONCURRENT_ADMITS: Probe = Probe::new();
+/// Admissions in flight (for [`CONCURRENT_ADMITS`]).
+static ADMITTING: AtomicUsize = AtomicUsize::new(0);
+
+/// Marks an admission in flight while it lives.
+pub(crate) struct Admitting;
+
+impl Admitting {
+    pub(crate) fn enter() -> Self {
+        if ADMITTING.fetch_add(1, Ordering::Relaxed) > 0 {
+            hit(&CONCURRENT_ADMITS);
+        }
+        Admitting
+    }
+}
+
+impl Drop for Admitting {
+    fn drop(&mut self) {
+        ADMITTING.fetch_sub(1, Ordering::Relaxed);
+    }
+}
