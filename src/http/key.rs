@@ -6,6 +6,7 @@
 //! | [`KeyExtractor::header`] | `key:` + the header's value | API keys |
 //! | [`KeyExtractor::extension`] | `user:` + what your function returns | a user id set by your auth layer |
 //! | [`KeyExtractor::peer_ip`] | `ip:` + the client's address or prefix | anonymous traffic (`/login`) |
+//! | [`KeyExtractor::global`] | one key for every request | a global budget ([`DirectLimiter`](crate::DirectLimiter)) |
 //! | [`KeyExtractor::custom`] | whatever your closure returns, as is | anything else |
 //!
 //! The prefixes keep kinds apart: an API key that reads `ip:203.0.113.7`
@@ -13,8 +14,10 @@
 //!
 //! # Client addresses, proxies and NAT
 //!
-//! The peer address comes from the connection (see
-//! [`ClientIp::peer_addr_from`]). `X-Forwarded-For` and `Forwarded`
+//! The peer address comes from the connection: a [`PeerAddr`] or
+//! `SocketAddr` extension, and with the `axum` feature axum's
+//! `ConnectInfo<SocketAddr>` (what `into_make_service_with_connect_info`
+//! sets); anything else through [`ClientIp::peer_addr_from`]. `X-Forwarded-For` and `Forwarded`
 //! (RFC 7239) are read **only when the peer is a trusted proxy**
 //! ([`ClientIp::trust`]); anyone else could write any address there. The
 //! chain is walked from the right (the hop nearest to us), skipping trusted
@@ -154,15 +157,27 @@ pub enum KeyError {
     /// The server did not give the layer the connection's peer address: a
     /// deployment mistake (see [`ClientIp::peer_addr_from`]), answered with
     /// `500`.
-    #[error(
-        "the rate limiter cannot see the peer address: serve with connect info \
-         (axum: into_make_service_with_connect_info) or set ClientIp::peer_addr_from"
-    )]
+    #[error("{}", NO_PEER_ADDR)]
     NoPeerAddr,
     /// A custom extractor's refusal.
     #[error("{0}")]
     Rejected(String),
 }
+
+/// How to fix a missing peer address, for the setup the crate was built
+/// with: without the `axum` feature, axum's `ConnectInfo` is not read, so
+/// serving with connect info alone is not the fix.
+#[cfg(feature = "axum")]
+const NO_PEER_ADDR: &str = "the rate limiter cannot see the peer address: \
+    serve axum with into_make_service_with_connect_info::<SocketAddr>(), \
+    give other servers a turnstile::http::PeerAddr extension, \
+    or set ClientIp::peer_addr_from; KeyExtractor::global() needs no address";
+#[cfg(not(feature = "axum"))]
+const NO_PEER_ADDR: &str = "the rate limiter cannot see the peer address: \
+    under axum, enable turnstile's \"axum\" feature (it reads ConnectInfo<SocketAddr>) \
+    and serve with into_make_service_with_connect_info::<SocketAddr>(); \
+    give other servers a turnstile::http::PeerAddr extension, \
+    or set ClientIp::peer_addr_from; KeyExtractor::global() needs no address";
 
 /// What to do with a request whose key is missing or malformed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,8 +197,8 @@ impl Default for OnBadKey {
 }
 
 /// The peer address of a connection, as a request extension: insert it in
-/// a hand-written hyper server; axum's `ConnectInfo` is read through
-/// [`ClientIp::peer_addr_from`].
+/// a hand-written hyper server. axum's `ConnectInfo` is read as is with the
+/// `axum` feature, or through [`ClientIp::peer_addr_from`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PeerAddr(pub SocketAddr);
 
@@ -243,18 +258,24 @@ impl Default for ClientIp {
     }
 }
 
-/// The default peer address lookup: a [`PeerAddr`] or a bare
-/// [`SocketAddr`] extension.
+/// The default peer address lookup: a [`PeerAddr`], axum's
+/// `ConnectInfo<SocketAddr>` (feature `axum`), or a bare [`SocketAddr`]
+/// extension.
 fn default_peer_addr(extensions: &Extensions) -> Option<SocketAddr> {
-    extensions
-        .get::<PeerAddr>()
-        .map(|p| p.0)
-        .or_else(|| extensions.get::<SocketAddr>().copied())
+    if let Some(peer) = extensions.get::<PeerAddr>() {
+        return Some(peer.0);
+    }
+    #[cfg(feature = "axum")]
+    if let Some(info) = extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
+        return Some(info.0);
+    }
+    extensions.get::<SocketAddr>().copied()
 }
 
 impl ClientIp {
     /// Trusts no proxy; keys IPv4 by /32 and IPv6 by /64; reads the peer
-    /// address from a [`PeerAddr`] or [`SocketAddr`] extension.
+    /// address from a [`PeerAddr`], axum's `ConnectInfo<SocketAddr>`
+    /// (feature `axum`) or a [`SocketAddr`] extension.
     pub fn new() -> Self {
         ClientIp {
             trusted: Arc::new([]),
@@ -295,7 +316,9 @@ impl ClientIp {
         self
     }
 
-    /// Where the connection's peer address is found. For axum:
+    /// Where the connection's peer address is found, when the default
+    /// lookup does not: for tonic, its `TcpConnectInfo`; for axum without
+    /// the `axum` feature:
     ///
     /// ```
     /// use std::net::SocketAddr;
@@ -365,7 +388,18 @@ impl ClientIp {
         }
         let mut leftmost = None;
         let mut hops = 0;
-        for element in lines.iter().rev().flat_map(|line| line.rsplit(',')) {
+        // `Forwarded` values may quote commas (`host="a,b"`);
+        // `X-Forwarded-For` has no quoting.
+        let quoting = name == FORWARDED;
+        let elements = lines.iter().rev().flat_map(|line| {
+            if quoting {
+                split_unquoted(line, b',')
+            } else {
+                line.split(',').collect::<Vec<_>>().into_iter()
+            }
+            .rev()
+        });
+        for element in elements {
             let ip = parse(element).map_err(bad)?.to_canonical();
             if !self.is_trusted(ip) {
                 return Ok(Some(ip));
@@ -408,19 +442,58 @@ fn network_text(net: Result<IpNet, ipnet::PrefixLenError>) -> String {
 /// `X-Forwarded-For` (not in `http`'s list of standard headers).
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
-/// The `for=` node of one `Forwarded` element.
+/// `text` cut at each `sep` outside a quoted string (RFC 7230
+/// `quoted-string`, with `\` escapes), so `host="a,b"` stays one piece. An
+/// unterminated quote runs to the end; the value parser then refuses it.
+fn split_unquoted(text: &str, sep: u8) -> std::vec::IntoIter<&str> {
+    let mut pieces = Vec::new();
+    let (mut start, mut quoted, mut escaped) = (0, false, false);
+    for (i, &b) in text.as_bytes().iter().enumerate() {
+        if escaped {
+            escaped = false;
+        } else if quoted && b == b'\\' {
+            escaped = true;
+        } else if b == b'"' {
+            quoted = !quoted;
+        } else if b == sep && !quoted {
+            pieces.push(&text[start..i]);
+            start = i + 1;
+        }
+    }
+    pieces.push(&text[start..]);
+    pieces.into_iter()
+}
+
+/// A `Forwarded` parameter value: a token as is, a quoted string without
+/// its quotes and with its `\` escapes undone.
+fn unquote(value: &str) -> Result<String, String> {
+    let Some(inner) = value.strip_prefix('"') else {
+        return Ok(value.to_owned());
+    };
+    let inner = inner
+        .strip_suffix('"')
+        .ok_or_else(|| format!("{value:?} has an unterminated quote"))?;
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        out.push(if c == '\\' {
+            chars.next().unwrap_or(c)
+        } else {
+            c
+        });
+    }
+    Ok(out)
+}
+
+/// The `for=` node of one `Forwarded` element (`for=...;proto=...;by=...`,
+/// pairs split outside quoted strings).
 fn forwarded_for(element: &str) -> Result<IpAddr, String> {
-    let node = element
-        .split(';')
+    let node = split_unquoted(element, b';')
         .filter_map(|pair| pair.split_once('='))
         .find(|(name, _)| name.trim().eq_ignore_ascii_case("for"))
         .map(|(_, value)| value.trim())
-        .ok_or_else(|| format!("element {element:?} has no for="))?;
-    let node = node
-        .strip_prefix('"')
-        .and_then(|n| n.strip_suffix('"'))
-        .unwrap_or(node);
-    parse_node(node)
+        .ok_or_else(|| format!("element {:?} has no for=", element.trim()))?;
+    parse_node(&unquote(node)?)
 }
 
 /// An address with an optional port: `192.0.2.1`, `192.0.2.1:8080`,
@@ -453,6 +526,7 @@ enum Source {
     Header(HeaderName),
     Extension(Arc<ExtractFn>),
     PeerIp,
+    Global,
     Custom(Arc<ExtractFn>),
 }
 
@@ -460,7 +534,7 @@ enum Source {
 /// extractors and the bad-key policy.
 ///
 /// ```
-/// use http::{HeaderName, StatusCode};
+/// use axum::http::{HeaderName, StatusCode};
 /// use turnstile::http::{ClientIp, KeyExtractor, OnBadKey};
 ///
 /// // API keys; a request without one counts against its address instead.
@@ -493,6 +567,7 @@ impl fmt::Debug for KeyExtractor {
             Source::Header(name) => format!("header {name:?}"),
             Source::Extension(_) => "extension".to_owned(),
             Source::PeerIp => "peer ip".to_owned(),
+            Source::Global => "global".to_owned(),
             Source::Custom(_) => "custom".to_owned(),
         };
         f.debug_struct("KeyExtractor")
@@ -543,6 +618,13 @@ impl KeyExtractor {
     /// `ip:<network>/<prefix>`.
     pub fn peer_ip() -> Self {
         Self::with(Source::PeerIp)
+    }
+
+    /// The same key (`global`) for every request: one budget for the whole
+    /// route, usually with a [`DirectLimiter`](crate::DirectLimiter). Needs
+    /// no peer address and never refuses a request for its key.
+    pub fn global() -> Self {
+        Self::with(Source::Global)
     }
 
     /// Your own function; its key is used as is.
@@ -608,6 +690,7 @@ impl KeyExtractor {
                 .client_ip
                 .client(parts)
                 .map(|ip| self.client_ip.key_of(ip)),
+            Source::Global => Ok(HttpKey(Bytes::from_static(b"global"))),
         }
     }
 
