@@ -757,3 +757,37 @@ async fn shadow_mode_lets_denied_requests_through() {
     assert_eq!(header(&shadowed, "retry-after"), None);
     assert_eq!(shadowed.text().await.expect("body"), "hello");
 }
+
+/// Issue 14, item 7: the README and the `http` module's examples compile
+/// in a user's project, which has `axum` but not `http` as a dependency:
+/// they name `axum::http`, never `http::` directly.
+#[test]
+fn user_facing_examples_do_not_name_the_http_crate() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let mut files = vec![format!("{root}/README.md")];
+    for entry in std::fs::read_dir(format!("{root}/src/http")).expect("src/http") {
+        files.push(entry.expect("entry").path().display().to_string());
+    }
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("readable");
+        let markdown = file.ends_with(".md");
+        for (n, line) in text.lines().enumerate() {
+            let line_start = line.trim_start();
+            // In sources, only the doc comments are examples.
+            let code = match line_start
+                .strip_prefix("//!")
+                .or_else(|| line_start.strip_prefix("///"))
+            {
+                Some(doc) => doc.trim_start(),
+                None if markdown => line_start,
+                None => continue,
+            };
+            assert!(
+                !code.starts_with("use http::"),
+                "{file}:{}: `{}` needs `axum::http`",
+                n + 1,
+                line.trim()
+            );
+        }
+    }
+}

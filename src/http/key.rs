@@ -800,6 +800,55 @@ mod tests {
         }
     }
 
+    /// The examples of RFC 7239 (sections 4, 5.2 and 7.1), and quoted
+    /// values holding the separators.
+    #[test]
+    fn rfc7239_examples_and_quoted_separators() {
+        let ip = ClientIp::new().trust(["10.0.0.0/8".parse().unwrap()]);
+        let ok: &[(&[u8], &str)] = &[
+            (b"for=\"_gazonk\", for=192.0.2.60", "192.0.2.60"),
+            (b"For=\"[2001:db8:cafe::17]:4711\"", "2001:db8:cafe::17"),
+            (b"for=192.0.2.60;proto=http;by=203.0.113.43", "192.0.2.60"),
+            (b"for=192.0.2.43, for=198.51.100.17", "198.51.100.17"),
+            (
+                b"for=192.0.2.43,for=198.51.100.17;by=203.0.113.60;proto=http;host=example.com",
+                "198.51.100.17",
+            ),
+            (b"for=192.0.2.1;host=\"a,b\"", "192.0.2.1"),
+            (b"for=192.0.2.1;host=\"a;b,c\\\"d\"", "192.0.2.1"),
+            (b"for=\"192.0.2.2\";by=\"x,y\", for=10.0.0.7", "192.0.2.2"),
+        ];
+        for (value, want) in ok {
+            assert_eq!(
+                client(&ip, "10.0.0.1:1", &[("forwarded", value)]),
+                Ok(want.parse().unwrap()),
+                "{:?}",
+                String::from_utf8_lossy(value)
+            );
+        }
+        // The nearest node is obfuscated or unknown: no client named.
+        for value in [
+            &b"for=192.0.2.43, for=\"_gazonk\""[..],
+            b"for=192.0.2.43, for=unknown",
+            b"for=\"192.0.2.1",
+        ] {
+            assert!(
+                matches!(
+                    client(&ip, "10.0.0.1:1", &[("forwarded", value)]),
+                    Err(KeyError::BadForwarded { .. })
+                ),
+                "{:?}",
+                String::from_utf8_lossy(value)
+            );
+        }
+        assert_eq!(
+            split_unquoted("a=\"1,2\",b", b',').collect::<Vec<_>>(),
+            ["a=\"1,2\"", "b"]
+        );
+        assert_eq!(unquote("\"a\\\"b\"").as_deref(), Ok("a\"b"));
+        assert!(unquote("\"open").is_err());
+    }
+
     #[test]
     fn garbage_forwarded_headers_are_errors_not_panics() {
         let ip = ClientIp::new()

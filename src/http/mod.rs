@@ -24,7 +24,8 @@
 //! policy name and key. In axum, put it on the route with **`route_layer`**,
 //! not `layer`: `post(handler).layer(l)` also wraps the method router's
 //! fallback, so a `GET` to a `POST`-only path would spend a token on its
-//! `405`; `route_layer` runs only when a handler matches. Routes without a
+//! `405`; `route_layer` runs only when a handler matches (a route made with
+//! `any(..)` has no method to miss: there, axum wants `layer`). Routes without a
 //! layer are not limited. Routes that must share one budget share the
 //! limiter through an `Arc`. There is no route table inside the layer: the
 //! router already is one.
@@ -103,7 +104,7 @@
 //! [`DECISIONS_METRIC`] counts every outcome, with a `# HELP` description.
 //! The handles are taken from the `metrics` recorder at a layer's first
 //! request, so install the recorder before serving traffic; building the
-//! layers first is fine.
+//! layers first is fine. A layer's series appear with its first request.
 
 mod body;
 mod grpc;
