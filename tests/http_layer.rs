@@ -791,3 +791,44 @@ fn user_facing_examples_do_not_name_the_http_crate() {
         }
     }
 }
+
+/// Issue 14, item 6 (option): `X-Real-IP` names the client when asked for,
+/// and only from a trusted proxy.
+#[tokio::test]
+async fn x_real_ip_counts_only_when_on_and_from_trusted_proxies() {
+    let server = |trust: &'static str| async move {
+        let (limiter, _) = manual("1/min");
+        let client_ip = axum_peer()
+            .trust([trust.parse().expect("net")])
+            .x_real_ip(true);
+        let layer = RateLimitLayer::builder(limiter)
+            .key(KeyExtractor::peer_ip().client_ip(client_ip))
+            .build()
+            .expect("layer");
+        serve(one_route(layer)).await
+    };
+    let a: Headers = &[
+        ("x-real-ip", b"198.51.100.1"),
+        ("x-forwarded-for", b"198.51.100.9"),
+    ];
+    let b: Headers = &[("x-real-ip", b"198.51.100.2")];
+    let trusted = server("127.0.0.0/8").await;
+    expect_statuses(
+        &trusted,
+        &[
+            (a, StatusCode::OK),
+            (b, StatusCode::OK),
+            (a, StatusCode::TOO_MANY_REQUESTS),
+            (&[("x-forwarded-for", b"198.51.100.3")], StatusCode::OK),
+            (&[("x-real-ip", b"junk")], StatusCode::BAD_REQUEST),
+        ],
+    )
+    .await;
+    // Loopback is not trusted: the header is ignored, all is 127.0.0.1.
+    let untrusted = server("10.0.0.0/8").await;
+    expect_statuses(
+        &untrusted,
+        &[(a, StatusCode::OK), (b, StatusCode::TOO_MANY_REQUESTS)],
+    )
+    .await;
+}

@@ -22,7 +22,9 @@
 //! ([`ClientIp::trust`]); anyone else could write any address there. The
 //! chain is walked from the right (the hop nearest to us), skipping trusted
 //! proxies; the first untrusted address is the client. `Forwarded` wins
-//! when both headers are present.
+//! when both headers are present; its quoted values may hold commas and
+//! semicolons (`host="a,b"`). `X-Real-IP` from a trusted proxy wins over
+//! both when [`ClientIp::x_real_ip`] is on.
 //!
 //! One IPv6 host usually owns a whole /64, so an IPv6 client is keyed by
 //! its prefix ([`ClientIp::ipv6_prefix`], default 64): otherwise it could
@@ -149,7 +151,7 @@ pub enum KeyError {
     /// A trusted proxy sent a forwarded header that cannot be read.
     #[error("unreadable {header} header from a trusted proxy: {reason}")]
     BadForwarded {
-        /// `forwarded` or `x-forwarded-for`.
+        /// `forwarded`, `x-forwarded-for` or `x-real-ip`.
         header: &'static str,
         /// What is wrong with it.
         reason: String,
@@ -238,6 +240,7 @@ pub struct ClientIp {
     ipv4_prefix: u8,
     ipv6_prefix: u8,
     max_hops: usize,
+    x_real_ip: bool,
     peer_addr: Arc<PeerAddrFn>,
 }
 
@@ -248,6 +251,7 @@ impl fmt::Debug for ClientIp {
             .field("ipv4_prefix", &self.ipv4_prefix)
             .field("ipv6_prefix", &self.ipv6_prefix)
             .field("max_hops", &self.max_hops)
+            .field("x_real_ip", &self.x_real_ip)
             .finish_non_exhaustive()
     }
 }
@@ -282,6 +286,7 @@ impl ClientIp {
             ipv4_prefix: 32,
             ipv6_prefix: 64,
             max_hops: 16,
+            x_real_ip: false,
             peer_addr: Arc::new(default_peer_addr),
         }
     }
@@ -313,6 +318,16 @@ impl ClientIp {
     /// a longer chain is a [`KeyError::BadForwarded`].
     pub fn max_hops(mut self, hops: usize) -> Self {
         self.max_hops = hops.max(1);
+        self
+    }
+
+    /// Whether a trusted proxy's `X-Real-IP` names the client (default
+    /// off). nginx and others set it to the address they saw; when on and
+    /// the peer is a trusted proxy that sent one, it wins over
+    /// `Forwarded` and `X-Forwarded-For`. From an untrusted peer it is
+    /// never read. An unreadable one is a [`KeyError::BadForwarded`].
+    pub fn x_real_ip(mut self, on: bool) -> Self {
+        self.x_real_ip = on;
         self
     }
 
@@ -356,6 +371,18 @@ impl ClientIp {
         let peer = self.peer(parts.extensions)?;
         if !self.is_trusted(peer) {
             return Ok(peer);
+        }
+        if self.x_real_ip {
+            if let Some(value) = parts.headers.get(&X_REAL_IP) {
+                let bad = |reason: String| KeyError::BadForwarded {
+                    header: "x-real-ip",
+                    reason,
+                };
+                let text = value.to_str().map_err(|_| bad("not ASCII text".into()))?;
+                return parse_node(text.trim())
+                    .map(|ip| ip.to_canonical())
+                    .map_err(bad);
+            }
         }
         if parts.headers.contains_key(FORWARDED) {
             self.walk(parts.headers, FORWARDED, "forwarded", forwarded_for)
@@ -438,6 +465,9 @@ fn network_text(net: Result<IpNet, ipnet::PrefixLenError>) -> String {
         |net: IpNet| net.to_string(),
     )
 }
+
+/// `X-Real-IP`, read only when [`ClientIp::x_real_ip`] is on.
+pub const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
 /// `X-Forwarded-For` (not in `http`'s list of standard headers).
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");

@@ -118,7 +118,7 @@ mod rejection;
 pub use body::RateLimitBody;
 pub use key::{
     ClientIp, HttpKey, KeyError, KeyExtractor, OnBadKey, PeerAddr, RequestParts,
-    DEFAULT_MAX_KEY_LEN, X_FORWARDED_FOR,
+    DEFAULT_MAX_KEY_LEN, X_FORWARDED_FOR, X_REAL_IP,
 };
 pub use layer::{
     LayerError, OnLimiterError, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResponseFuture,
