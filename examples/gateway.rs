@@ -15,14 +15,15 @@
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::extract::{ConnectInfo, Request};
+use axum::http::HeaderName;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
-use http::HeaderName;
 use ipnet::IpNet;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use serde::Deserialize;
@@ -95,7 +96,11 @@ fn key_extractor(route: &RouteConfig, client_ip: &ClientIp) -> Result<KeyExtract
     Ok(key.client_ip(client_ip.clone()).on_bad_key(on_bad_key))
 }
 
-fn app(config: &Config, limited: bool) -> Result<Router, Error> {
+/// The limiters behind the layers, by policy name, for the key gauges.
+type Limiters = Vec<(String, Arc<KeyedLimiter<HttpKey>>)>;
+
+fn app(config: &Config, limited: bool) -> Result<(Router, Limiters), Error> {
+    let mut limiters = Limiters::new();
     let client_ip = ClientIp::new()
         .trust(config.trusted_proxies.iter().copied())
         .ipv6_prefix(config.ipv6_prefix)
@@ -125,7 +130,9 @@ fn app(config: &Config, limited: bool) -> Result<Router, Error> {
             } else {
                 format!("{base}:{text}")
             };
-            let layer = RateLimitLayer::builder(KeyedLimiter::<HttpKey>::new(quota))
+            let limiter = Arc::new(KeyedLimiter::<HttpKey>::new(quota));
+            limiters.push((name.clone(), Arc::clone(&limiter)));
+            let layer = RateLimitLayer::builder(limiter)
                 .name(name)
                 .route(route.path.as_str())
                 .key(key_extractor(route, &client_ip)?)
@@ -145,7 +152,40 @@ fn app(config: &Config, limited: bool) -> Result<Router, Error> {
         }
         router = router.route(&route.path, handler);
     }
-    Ok(router)
+    Ok((router, limiters))
+}
+
+/// Live keys and the most each limiter tracks, as gauges, once a second:
+/// read off the request path (the `metrics` facade has no gauges computed
+/// at scrape time, and setting them on every request would make every
+/// request write one shared line).
+async fn key_gauges(limiters: Limiters) {
+    metrics::describe_gauge!(
+        "turnstile_keys",
+        metrics::Unit::Count,
+        "Keys a limiter tracks now (idle ones count until evicted)"
+    );
+    metrics::describe_gauge!(
+        "turnstile_max_keys",
+        metrics::Unit::Count,
+        "The most keys a limiter tracks at once"
+    );
+    let gauges: Vec<_> = limiters
+        .into_iter()
+        .map(|(name, limiter)| {
+            let keys = metrics::gauge!("turnstile_keys", "limiter" => name.clone());
+            let max = metrics::gauge!("turnstile_max_keys", "limiter" => name);
+            (limiter, keys, max)
+        })
+        .collect();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        for (limiter, keys, max) in &gauges {
+            keys.set(limiter.len() as f64);
+            max.set(limiter.max_keys() as f64);
+        }
+    }
 }
 
 async fn ok() -> &'static str {
@@ -187,7 +227,9 @@ async fn run() -> Result<(), Error> {
     // The layers take their counters at their first request: the recorder
     // only has to be installed before serving.
     let prometheus = PrometheusBuilder::new().install_recorder()?;
-    let app = app(&config, limited)?
+    let (app, limiters) = app(&config, limited)?;
+    tokio::spawn(key_gauges(limiters));
+    let app = app
         .route(
             "/metrics",
             get(move || {

@@ -34,8 +34,15 @@ const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 pub(crate) const GRPC_RETRY_PUSHBACK_MS: HeaderName =
     HeaderName::from_static("grpc-retry-pushback-ms");
 
-/// `RESOURCE_EXHAUSTED`.
+// The gRPC status codes the layer answers with (grpc/doc/statuscodes.md).
+const UNKNOWN: u16 = 2;
+const INVALID_ARGUMENT: u16 = 3;
+const PERMISSION_DENIED: u16 = 7;
+/// `RESOURCE_EXHAUSTED`: the code of a denial.
 pub(crate) const RESOURCE_EXHAUSTED: u16 = 8;
+const INTERNAL: u16 = 13;
+const UNAVAILABLE: u16 = 14;
+const UNAUTHENTICATED: u16 = 16;
 
 /// Whether the request is a gRPC call (`application/grpc`, with or without
 /// a `+proto` style suffix).
@@ -48,13 +55,13 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
 /// The gRPC code closest to an HTTP status the layer answers with.
 pub(crate) fn code_of(status: StatusCode) -> u16 {
     match status.as_u16() {
-        400 | 422 => 3, // INVALID_ARGUMENT
-        401 => 16,      // UNAUTHENTICATED
-        403 => 7,       // PERMISSION_DENIED
+        400 | 422 => INVALID_ARGUMENT,
+        401 => UNAUTHENTICATED,
+        403 => PERMISSION_DENIED,
         429 => RESOURCE_EXHAUSTED,
-        502..=504 => 14, // UNAVAILABLE
-        500 => 13,       // INTERNAL
-        _ => 2,          // UNKNOWN
+        500 => INTERNAL,
+        502..=504 => UNAVAILABLE,
+        _ => UNKNOWN,
     }
 }
 
@@ -108,6 +115,15 @@ mod tests {
             headers.insert(CONTENT_TYPE, HeaderValue::from_static(value));
             assert_eq!(is_grpc(&headers), grpc, "{value}");
         }
+    }
+
+    #[test]
+    fn the_layers_statuses_map_to_grpc_codes() {
+        assert_eq!(code_of(StatusCode::TOO_MANY_REQUESTS), RESOURCE_EXHAUSTED);
+        assert_eq!(code_of(StatusCode::BAD_REQUEST), INVALID_ARGUMENT);
+        assert_eq!(code_of(StatusCode::SERVICE_UNAVAILABLE), UNAVAILABLE);
+        assert_eq!(code_of(StatusCode::INTERNAL_SERVER_ERROR), INTERNAL);
+        assert_eq!(code_of(StatusCode::IM_A_TEAPOT), UNKNOWN);
     }
 
     #[test]

@@ -163,13 +163,15 @@ impl<L> fmt::Debug for RateLimitLayer<L> {
             .field("name", &self.shared.name)
             .field("key", &self.shared.key)
             .field("on_error", &self.shared.on_error)
+            .field("shadow", &self.shared.shadow)
             .finish_non_exhaustive()
     }
 }
 
 impl<L: Limiter> RateLimitLayer<L> {
     /// A builder: policy name `"default"`, keyed by client address,
-    /// IETF headers on, `X-RateLimit-*` off, failing closed with `503`.
+    /// IETF headers on, `X-RateLimit-*` off, failing closed with `503`,
+    /// the default denial response, enforcing (not in shadow mode).
     pub fn builder(limiter: L) -> RateLimitLayerBuilder<L> {
         RateLimitLayerBuilder {
             limiter,
