@@ -390,13 +390,13 @@ where
 
     fn call(&mut self, request: Request<ReqB>) -> Self::Future {
         let shared = Arc::clone(&self.shared);
-        let grpc = grpc::is_grpc(request.headers());
         let key = match shared.key.key(&RequestParts::of(&request)) {
             Ok(key) => key,
             Err((status, error)) => {
                 shared.metrics.get().bad_key.increment(1);
+                let grpc = grpc::is_grpc(request.headers());
                 let response = refusal(grpc, status, &error.to_string());
-                return ResponseFuture::ready(shared, grpc, response);
+                return ResponseFuture::ready(shared, response);
             }
         };
         let check = shared.limiter.check(&key);
@@ -406,7 +406,6 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         ResponseFuture {
             shared,
-            grpc,
             state: State::Checking {
                 check,
                 pending: Some((inner, request)),
@@ -424,7 +423,6 @@ pin_project! {
         L: Limiter,
     {
         shared: Arc<Shared<L>>,
-        grpc: bool,
         #[pin]
         state: State<S, L, ReqB>,
     }
@@ -458,10 +456,9 @@ where
     S: Service<Request<ReqB>>,
     L: Limiter,
 {
-    fn ready(shared: Arc<Shared<L>>, grpc: bool, response: Response<Bytes>) -> Self {
+    fn ready(shared: Arc<Shared<L>>, response: Response<Bytes>) -> Self {
         ResponseFuture {
             shared,
-            grpc,
             state: State::Ready {
                 response: Some(response),
             },
@@ -498,15 +495,17 @@ where
         loop {
             let this = self.as_mut().project();
             let shared = &**this.shared;
-            let grpc = *this.grpc;
             let next = match this.state.project() {
                 StateProj::Checking { check, pending } => {
                     let outcome = ready!(check.poll(cx));
                     let Some((mut inner, request)) = pending.take() else {
                         // Polled again after the check ended: a caller bug
                         // the state machine never causes.
-                        return own(after_completion(grpc));
+                        return own(after_completion());
                     };
+                    // Whether to answer as gRPC is read only when the layer
+                    // answers itself: an admitted request pays no lookup.
+                    let grpc = || grpc::is_grpc(request.headers());
                     let decision = match outcome {
                         Ok(decision) if decision.is_allowed() => {
                             shared.metrics.get().allowed.increment(1);
@@ -518,7 +517,7 @@ where
                         }
                         Ok(decision) => {
                             shared.metrics.get().denied.increment(1);
-                            return own(denial(shared, grpc, &decision));
+                            return own(denial(shared, grpc(), &decision));
                         }
                         Err(error) => {
                             shared.metrics.get().limiter_error.increment(1);
@@ -526,7 +525,7 @@ where
                                 OnLimiterError::Allow => None,
                                 OnLimiterError::Reject(status) => {
                                     let detail = format!("rate limiter unavailable: {error}");
-                                    return own(refusal(grpc, status, &detail));
+                                    return own(refusal(grpc(), status, &detail));
                                 }
                             }
                         }
@@ -544,7 +543,7 @@ where
                     return Poll::Ready(Ok(response.map(RateLimitBody::inner)));
                 }
                 StateProj::Ready { response } => {
-                    return own(response.take().unwrap_or_else(|| after_completion(grpc)));
+                    return own(response.take().unwrap_or_else(after_completion));
                 }
             };
             self.as_mut().project().state.set(next);
@@ -553,9 +552,10 @@ where
 }
 
 /// The answer to a future polled after it completed.
-fn after_completion(grpc: bool) -> Response<Bytes> {
+/// The request is gone by then, so it cannot say whether it was gRPC.
+fn after_completion() -> Response<Bytes> {
     refusal(
-        grpc,
+        false,
         StatusCode::INTERNAL_SERVER_ERROR,
         "rate limiter future polled after completion",
     )
