@@ -373,6 +373,16 @@ async fn a_server_without_peer_addresses_gets_500() {
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
     let detail = body["detail"].as_str().expect("detail");
     assert!(detail.contains("cannot see the peer address"), "{detail}");
+    // The fix it names is one the user has not already made.
+    assert!(
+        detail.contains("into_make_service_with_connect_info"),
+        "{detail}"
+    );
+    #[cfg(not(feature = "axum"))]
+    assert!(
+        detail.contains("enable turnstile's \"axum\" feature"),
+        "{detail}"
+    );
 }
 
 /// A limiter whose store is always down.
