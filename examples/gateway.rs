@@ -1,5 +1,7 @@
 //! A gateway with per-route quotas from a TOML file, `/metrics` in
-//! Prometheus format, and logs through `tracing`.
+//! Prometheus format, and logs through `tracing`. A route may have several
+//! quotas (one layer each, stacked: every policy shows in the headers) and
+//! may run in shadow mode (counted, never refused).
 //!
 //! ```text
 //! cargo run --release --example gateway --features tower -- examples/gateway.toml
@@ -13,14 +15,15 @@
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::extract::{ConnectInfo, Request};
+use axum::http::HeaderName;
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::{any, get};
+use axum::routing::get;
 use axum::Router;
-use http::HeaderName;
 use ipnet::IpNet;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use serde::Deserialize;
@@ -48,10 +51,29 @@ fn default_ipv6_prefix() -> u8 {
 #[serde(deny_unknown_fields)]
 struct RouteConfig {
     path: String,
-    quota: String,
+    quota: Quotas,
     key: String,
     #[serde(default)]
     on_bad_key: Option<String>,
+    #[serde(default)]
+    shadow: bool,
+}
+
+/// `quota = "100/min"` or `quota = ["10/s", "1000/h"]`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Quotas {
+    One(String),
+    Several(Vec<String>),
+}
+
+impl Quotas {
+    fn all(&self) -> &[String] {
+        match self {
+            Quotas::One(quota) => std::slice::from_ref(quota),
+            Quotas::Several(quotas) => quotas,
+        }
+    }
 }
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -74,32 +96,100 @@ fn key_extractor(route: &RouteConfig, client_ip: &ClientIp) -> Result<KeyExtract
     Ok(key.client_ip(client_ip.clone()).on_bad_key(on_bad_key))
 }
 
-fn app(config: &Config, limited: bool) -> Result<Router, Error> {
+/// The limiters behind the layers, by policy name, for the key gauges.
+type Limiters = Vec<(String, Arc<KeyedLimiter<HttpKey>>)>;
+
+fn app(config: &Config, limited: bool) -> Result<(Router, Limiters), Error> {
+    let mut limiters = Limiters::new();
     let client_ip = ClientIp::new()
         .trust(config.trusted_proxies.iter().copied())
         .ipv6_prefix(config.ipv6_prefix)
         .peer_addr_from(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0));
     let mut router = Router::new();
     for route in &config.routes {
-        let handler = any(|| async { "ok\n" });
+        // GET and POST: other methods get axum's 405, without a token spent.
+        let handler = get(ok).post(ok);
         if !limited {
             router = router.route(&route.path, handler);
             continue;
         }
-        let quota: Quota = route
-            .quota
-            .parse()
-            .map_err(|e| format!("route {}: {e}", route.path))?;
-        let layer = RateLimitLayer::builder(KeyedLimiter::<HttpKey>::new(quota))
-            .name(route.path.trim_start_matches('/'))
-            .route(route.path.as_str())
-            .key(key_extractor(route, &client_ip)?)
-            .x_ratelimit_headers(true)
-            .build()?;
-        tracing::info!(path = %route.path, %quota, key = %route.key, "rate-limited route");
-        router = router.route(&route.path, handler.layer(layer));
+        let quotas = route.quota.all();
+        if quotas.is_empty() {
+            return Err(format!("route {}: no quota", route.path).into());
+        }
+        let base = route.path.trim_start_matches('/');
+        let mut handler = handler;
+        for text in quotas {
+            let quota: Quota = text
+                .parse()
+                .map_err(|e| format!("route {}: {e}", route.path))?;
+            // One policy name per quota when a route has several, so each
+            // shows apart in the headers and the metrics.
+            let name = if quotas.len() == 1 {
+                base.to_owned()
+            } else {
+                format!("{base}:{text}")
+            };
+            let limiter = Arc::new(KeyedLimiter::<HttpKey>::new(quota));
+            limiters.push((name.clone(), Arc::clone(&limiter)));
+            let layer = RateLimitLayer::builder(limiter)
+                .name(name)
+                .route(route.path.as_str())
+                .key(key_extractor(route, &client_ip)?)
+                .x_ratelimit_headers(true)
+                .shadow(route.shadow)
+                .build()?;
+            tracing::info!(
+                path = %route.path,
+                %quota,
+                key = %route.key,
+                shadow = route.shadow,
+                "rate-limited route"
+            );
+            // `route_layer`: a method the route does not take (405) never
+            // reaches the limiter, so it spends no token.
+            handler = handler.route_layer(layer);
+        }
+        router = router.route(&route.path, handler);
     }
-    Ok(router)
+    Ok((router, limiters))
+}
+
+/// Live keys and the most each limiter tracks, as gauges, once a second:
+/// read off the request path (the `metrics` facade has no gauges computed
+/// at scrape time, and setting them on every request would make every
+/// request write one shared line).
+async fn key_gauges(limiters: Limiters) {
+    metrics::describe_gauge!(
+        "turnstile_keys",
+        metrics::Unit::Count,
+        "Keys a limiter tracks now (idle ones count until evicted)"
+    );
+    metrics::describe_gauge!(
+        "turnstile_max_keys",
+        metrics::Unit::Count,
+        "The most keys a limiter tracks at once"
+    );
+    let gauges: Vec<_> = limiters
+        .into_iter()
+        .map(|(name, limiter)| {
+            let keys = metrics::gauge!("turnstile_keys", "limiter" => name.clone());
+            let max = metrics::gauge!("turnstile_max_keys", "limiter" => name);
+            (limiter, keys, max)
+        })
+        .collect();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        for (limiter, keys, max) in &gauges {
+            keys.set(limiter.len() as f64);
+            max.set(limiter.max_keys() as f64);
+        }
+    }
+}
+
+async fn ok() -> &'static str {
+    "ok\n"
 }
 
 /// One debug line per request: method, path, status, time.
@@ -134,9 +224,12 @@ async fn run() -> Result<(), Error> {
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
     let config: Config = toml::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
 
-    // The recorder first: the layers take their counters from it.
+    // The layers take their counters at their first request: the recorder
+    // only has to be installed before serving.
     let prometheus = PrometheusBuilder::new().install_recorder()?;
-    let app = app(&config, limited)?
+    let (app, limiters) = app(&config, limited)?;
+    tokio::spawn(key_gauges(limiters));
+    let app = app
         .route(
             "/metrics",
             get(move || {

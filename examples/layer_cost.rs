@@ -32,7 +32,7 @@ fn request() -> Request<()> {
 
 async fn ns_per_request<S>(mut service: S) -> f64
 where
-    S: Service<Request<()>, Response = Response<Bytes>, Error = Infallible>,
+    S: Service<Request<()>, Error = Infallible>,
 {
     let started = Instant::now();
     for _ in 0..REQUESTS {

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The rate-limit layer's overhead: the example gateway under wrk, with the
-# layer and without it (`--no-limit`), on loopback, bounded in time.
+# The rate-limit layer's overhead: the example gateway under wrk, without
+# the layer (`--no-limit`), with one limit on the route, and with two limits
+# (two stacked layers), on loopback, bounded in time.
 #
-#   scripts/http_overhead.sh            # 2 rounds x 5 s x 4 runs: about 45 s
+#   scripts/http_overhead.sh            # 2 rounds x 5 s x 6 runs: about 70 s
 #   SECONDS_PER_RUN=10 ROUNDS=3 CONNECTIONS="1 64" scripts/http_overhead.sh
 #
 # One connection shows the latency a request pays for the layer; many
@@ -31,11 +32,15 @@ listen = "127.0.0.1:$port"
 path = "/api"
 quota = "1000000000/min"
 key = "header:x-api-key"
+[[route]]
+path = "/two"
+quota = ["1000000000/min", "1000000000/h"]
+key = "header:x-api-key"
 TOML
 
-run() { # $1: label, $2: connections, $3...: gateway flags
-    local label=$1 c=$2
-    shift 2
+run() { # $1: label, $2: connections, $3: path, $4...: gateway flags
+    local label=$1 c=$2 path=$3
+    shift 3
     RUST_LOG=warn "$bin" "$work/bench.toml" "$@" &
     pid=$!
     for _ in $(seq 50); do
@@ -44,7 +49,7 @@ run() { # $1: label, $2: connections, $3...: gateway flags
     done
     printf '\n== %s, %s connection(s)\n' "$label" "$c"
     wrk -t1 -c"$c" -d"${secs}s" --latency -H 'x-api-key: bench' \
-        "http://127.0.0.1:$port/api" | grep -E 'Requests/sec|^ +(50|99)%|Non-2xx'
+        "http://127.0.0.1:$port$path" | grep -E 'Requests/sec|^ +(50|99)%|Non-2xx'
     kill "$pid"
     wait "$pid" 2>/dev/null || true
     pid=
@@ -52,7 +57,8 @@ run() { # $1: label, $2: connections, $3...: gateway flags
 
 for round in $(seq "$rounds"); do
     for c in $conns; do
-        run "round $round: without the layer" "$c" --no-limit
-        run "round $round: with the layer" "$c"
+        run "round $round: without the layer" "$c" /api --no-limit
+        run "round $round: with one limit" "$c" /api
+        run "round $round: with two limits (two layers)" "$c" /two
     done
 done

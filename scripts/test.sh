@@ -37,7 +37,9 @@ step "cargo doc (all features; broken links are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --quiet
 
 # --all-features runs the HTTP tests too (tests/http_*.rs: a real axum
-# server and reqwest client on 127.0.0.1, nothing to install).
+# server and reqwest client, and a real tonic server and client, on
+# 127.0.0.1, nothing to install), including those of the `axum` feature
+# (the default key read from axum's ConnectInfo).
 step "cargo test (unit, integration, doc tests, all features; optimized, with debug assertions)"
 cargo test --workspace --all-features
 

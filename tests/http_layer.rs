@@ -7,9 +7,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
+use axum::http::{HeaderName, StatusCode};
 use axum::routing::get;
 use axum::Router;
-use http::{HeaderName, StatusCode};
 use reqwest::header::HeaderValue;
 use turnstile::http::{
     ClientIp, HttpKey, KeyExtractor, Limiter, OnBadKey, OnLimiterError, RateLimitLayer,
@@ -373,6 +373,16 @@ async fn a_server_without_peer_addresses_gets_500() {
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
     let detail = body["detail"].as_str().expect("detail");
     assert!(detail.contains("cannot see the peer address"), "{detail}");
+    // The fix it names is one the user has not already made.
+    assert!(
+        detail.contains("into_make_service_with_connect_info"),
+        "{detail}"
+    );
+    #[cfg(not(feature = "axum"))]
+    assert!(
+        detail.contains("enable turnstile's \"axum\" feature"),
+        "{detail}"
+    );
 }
 
 /// A limiter whose store is always down.
@@ -549,4 +559,286 @@ async fn a_direct_limiter_is_one_budget_and_an_arc_shares_one_across_routes() {
         status(&format!("{url}/b"), k).await,
         StatusCode::TOO_MANY_REQUESTS
     );
+}
+
+/// Issue 14, item 1: the default key (client address) under axum's own
+/// `into_make_service_with_connect_info`, with no `peer_addr_from` call.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn the_default_key_reads_axums_connect_info() {
+    let (limiter, _) = manual("1/min");
+    let layer = RateLimitLayer::builder(limiter)
+        .name("login")
+        .build()
+        .expect("layer");
+    // `serve` runs axum's `into_make_service_with_connect_info::<SocketAddr>()`.
+    let url = serve(one_route(layer)).await;
+    let first = get_with(&url, &[]).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(header(&first, "ratelimit"), Some("\"login\";r=0;t=60"));
+    assert_eq!(status(&url, &[]).await, StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// Issue 14, item 1: a global budget needs no peer address at all, even
+/// on a server started without connect info.
+#[tokio::test]
+async fn a_global_key_is_one_budget_without_peer_addresses() {
+    let clock = ManualClock::new();
+    let global = turnstile::DirectLimiter::with_clock("2/min".parse().expect("quota"), clock);
+    let layer = RateLimitLayer::builder(global)
+        .name("global")
+        .key(KeyExtractor::global())
+        .build()
+        .expect("layer");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, one_route(layer)).await });
+    assert_eq!(status(&url, &[]).await, StatusCode::OK);
+    assert_eq!(status(&url, &[("x-api-key", b"b")]).await, StatusCode::OK);
+    assert_eq!(status(&url, &[]).await, StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// Issue 14, item 3: two stacked layers append their items; the denial's
+/// `Retry-After` and body name the policy that denied.
+#[tokio::test]
+async fn stacked_layers_append_and_the_denial_is_consistent() {
+    let (hourly, _) = manual("10/h");
+    let (burst, _) = manual("1/min");
+    let outer = RateLimitLayer::builder(hourly)
+        .name("hourly")
+        .key(api_key())
+        .x_ratelimit_headers(true)
+        .build()
+        .expect("outer");
+    let inner = RateLimitLayer::builder(burst)
+        .name("burst")
+        .key(api_key())
+        .x_ratelimit_headers(true)
+        .build()
+        .expect("inner");
+    let app = Router::new().route(
+        "/",
+        get(|| async { "hello" })
+            .route_layer(inner)
+            .route_layer(outer),
+    );
+    let url = serve(app).await;
+    let k: Headers = &[("x-api-key", b"k")];
+    let all = |response: &reqwest::Response, name: &str| -> Vec<String> {
+        response
+            .headers()
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().expect("ASCII").to_owned())
+            .collect()
+    };
+
+    let allowed = get_with(&url, k).await;
+    assert_eq!(allowed.status(), StatusCode::OK);
+    assert_eq!(
+        all(&allowed, "ratelimit-policy"),
+        ["\"burst\";q=1;w=60", "\"hourly\";q=10;w=3600"]
+    );
+    assert_eq!(
+        all(&allowed, "ratelimit"),
+        ["\"burst\";r=0;t=60", "\"hourly\";r=9;t=360"]
+    );
+    // The trio holds the binding policy only: the one with fewer left.
+    assert_eq!(header(&allowed, "x-ratelimit-limit"), Some("1"));
+    assert_eq!(header(&allowed, "x-ratelimit-remaining"), Some("0"));
+
+    let denied = get_with(&url, k).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        all(&denied, "ratelimit-policy"),
+        ["\"burst\";q=1;w=60", "\"hourly\";q=10;w=3600"]
+    );
+    let rate = all(&denied, "ratelimit");
+    assert_eq!(rate[0], "\"burst\";r=0;t=60");
+    assert!(rate[1].starts_with("\"hourly\";r="), "{rate:?}");
+    assert_eq!(all(&denied, "retry-after"), ["60"]);
+    assert_eq!(header(&denied, "x-ratelimit-limit"), Some("1"));
+    let (_, body) = problem(denied).await;
+    assert_eq!(body["policy"], "burst");
+    assert_eq!(body["retry_after"], 60);
+}
+
+/// Issue 14, item 4: a closure builds the denial; the layer still adds the
+/// rate-limit fields and `Retry-After` from the same decision.
+#[tokio::test]
+async fn a_custom_denial_response_keeps_the_headers_consistent() {
+    let (limiter, _) = manual("1/min");
+    let layer = RateLimitLayer::builder(limiter)
+        .name("api")
+        .key(api_key())
+        .on_denied(|denied| {
+            let text = format!(
+                "{} says wait {} s (limit {})",
+                denied.policy(),
+                denied.retry_after_secs(),
+                denied.decision().limit()
+            );
+            let mut response = axum::http::Response::new(text.into());
+            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            response
+        })
+        .build()
+        .expect("layer");
+    let url = serve(one_route(layer)).await;
+    let k: Headers = &[("x-api-key", b"k")];
+    assert_eq!(status(&url, k).await, StatusCode::OK);
+    let denied = get_with(&url, k).await;
+    assert_eq!(denied.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(header(&denied, "retry-after"), Some("60"));
+    assert_eq!(header(&denied, "ratelimit"), Some("\"api\";r=0;t=60"));
+    assert_eq!(
+        denied.text().await.expect("body"),
+        "api says wait 60 s (limit 1)"
+    );
+}
+
+/// Issue 14, item 5: with `route_layer`, a method the route does not take
+/// (`405`) never reaches the layer and spends no token.
+#[tokio::test]
+async fn a_405_spends_no_token_under_route_layer() {
+    let (limiter, _) = manual("1/min");
+    let layer = RateLimitLayer::builder(limiter)
+        .name("login")
+        .key(api_key())
+        .build()
+        .expect("layer");
+    let app = Router::new().route(
+        "/login",
+        axum::routing::post(|| async { "welcome" }).route_layer(layer),
+    );
+    let url = format!("{}/login", serve(app).await);
+    let k = |request: reqwest::RequestBuilder| request.header("x-api-key", "k");
+    let wrong = k(client().get(&url)).send().await.expect("send");
+    assert_eq!(wrong.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(header(&wrong, "ratelimit"), None);
+    let first = k(client().post(&url)).send().await.expect("send");
+    assert_eq!(first.status(), StatusCode::OK);
+    let second = k(client().post(&url)).send().await.expect("send");
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// Issue 14, item 6: a `Forwarded` element whose quoted value holds a comma
+/// (RFC 7239) names its client; it is not refused as garbage.
+#[tokio::test]
+async fn forwarded_values_may_quote_commas() {
+    let trusted = by_ip("127.0.0.0/8", 64, OnBadKey::default()).await;
+    let quoted: Headers = &[("forwarded", b"for=192.0.2.1;host=\"a,b\"")];
+    let same: Headers = &[("forwarded", b"for=\"192.0.2.1:8080\";proto=https")];
+    let other: Headers = &[(
+        "forwarded",
+        b"for=192.0.2.43, for=\"[2001:db8:cafe::17]\";by=\"x,y\"",
+    )];
+    expect_statuses(
+        &trusted,
+        &[
+            (quoted, StatusCode::OK),
+            (same, StatusCode::TOO_MANY_REQUESTS),
+            (other, StatusCode::OK),
+            (other, StatusCode::TOO_MANY_REQUESTS),
+        ],
+    )
+    .await;
+}
+
+/// Issue 14, item 8: shadow mode lets a denied request through, with the
+/// headers saying what the policy would have done, and no `Retry-After`.
+#[tokio::test]
+async fn shadow_mode_lets_denied_requests_through() {
+    let (limiter, _) = manual("1/min");
+    let layer = RateLimitLayer::builder(limiter)
+        .name("new")
+        .key(api_key())
+        .shadow(true)
+        .build()
+        .expect("layer");
+    let url = serve(one_route(layer)).await;
+    let k: Headers = &[("x-api-key", b"k")];
+    assert_eq!(status(&url, k).await, StatusCode::OK);
+    let shadowed = get_with(&url, k).await;
+    assert_eq!(shadowed.status(), StatusCode::OK);
+    assert_eq!(header(&shadowed, "ratelimit"), Some("\"new\";r=0;t=60"));
+    assert_eq!(header(&shadowed, "retry-after"), None);
+    assert_eq!(shadowed.text().await.expect("body"), "hello");
+}
+
+/// Issue 14, item 7: the README and the `http` module's examples compile
+/// in a user's project, which has `axum` but not `http` as a dependency:
+/// they name `axum::http`, never `http::` directly.
+#[test]
+fn user_facing_examples_do_not_name_the_http_crate() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let mut files = vec![format!("{root}/README.md")];
+    for entry in std::fs::read_dir(format!("{root}/src/http")).expect("src/http") {
+        files.push(entry.expect("entry").path().display().to_string());
+    }
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("readable");
+        let markdown = file.ends_with(".md");
+        for (n, line) in text.lines().enumerate() {
+            let line_start = line.trim_start();
+            // In sources, only the doc comments are examples.
+            let code = match line_start
+                .strip_prefix("//!")
+                .or_else(|| line_start.strip_prefix("///"))
+            {
+                Some(doc) => doc.trim_start(),
+                None if markdown => line_start,
+                None => continue,
+            };
+            assert!(
+                !code.starts_with("use http::"),
+                "{file}:{}: `{}` needs `axum::http`",
+                n + 1,
+                line.trim()
+            );
+        }
+    }
+}
+
+/// Issue 14, item 6 (option): `X-Real-IP` names the client when asked for,
+/// and only from a trusted proxy.
+#[tokio::test]
+async fn x_real_ip_counts_only_when_on_and_from_trusted_proxies() {
+    let server = |trust: &'static str| async move {
+        let (limiter, _) = manual("1/min");
+        let client_ip = axum_peer()
+            .trust([trust.parse().expect("net")])
+            .x_real_ip(true);
+        let layer = RateLimitLayer::builder(limiter)
+            .key(KeyExtractor::peer_ip().client_ip(client_ip))
+            .build()
+            .expect("layer");
+        serve(one_route(layer)).await
+    };
+    let a: Headers = &[
+        ("x-real-ip", b"198.51.100.1"),
+        ("x-forwarded-for", b"198.51.100.9"),
+    ];
+    let b: Headers = &[("x-real-ip", b"198.51.100.2")];
+    let trusted = server("127.0.0.0/8").await;
+    expect_statuses(
+        &trusted,
+        &[
+            (a, StatusCode::OK),
+            (b, StatusCode::OK),
+            (a, StatusCode::TOO_MANY_REQUESTS),
+            (&[("x-forwarded-for", b"198.51.100.3")], StatusCode::OK),
+            (&[("x-real-ip", b"junk")], StatusCode::BAD_REQUEST),
+        ],
+    )
+    .await;
+    // Loopback is not trusted: the header is ignored, all is 127.0.0.1.
+    let untrusted = server("10.0.0.0/8").await;
+    expect_statuses(
+        &untrusted,
+        &[(a, StatusCode::OK), (b, StatusCode::TOO_MANY_REQUESTS)],
+    )
+    .await;
 }

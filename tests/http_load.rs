@@ -1,6 +1,7 @@
 //! A bounded load run through a real server: 20,000 requests from 64
 //! concurrent clients against one key whose bucket holds 1,000, on a frozen
-//! clock. Exactly 1,000 must pass, and the metrics must say so.
+//! clock. Exactly 1,000 must pass, and the metrics must say so, though the
+//! recorder is installed after the layer is built.
 #![cfg(feature = "tower")]
 
 use std::net::SocketAddr;
@@ -8,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
+use axum::http::{HeaderName, StatusCode};
 use axum::routing::get;
 use axum::Router;
-use http::{HeaderName, StatusCode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
 use turnstile::http::{ClientIp, HttpKey, KeyExtractor, RateLimitLayer, DECISIONS_METRIC};
@@ -31,22 +32,23 @@ async fn twenty_thousand_requests_admit_exactly_the_burst() {
         KeyedLimiter::builder("1000/h".parse().expect("quota"))
             .clock(clock)
             .build();
+    let layer = RateLimitLayer::builder(limiter)
+        .name("api")
+        .route("/api")
+        .key(
+            KeyExtractor::header(HeaderName::from_static("x-api-key")).client_ip(
+                ClientIp::new().peer_addr_from(|e| e.get::<ConnectInfo<SocketAddr>>().map(|c| c.0)),
+            ),
+        )
+        .build()
+        .expect("layer");
+    // The recorder after the layer: the layer takes its handles at its
+    // first request, so the order does not matter.
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    // The layer takes its counter handles when built: from this recorder.
-    let layer = metrics::with_local_recorder(&recorder, || {
-        RateLimitLayer::builder(limiter)
-            .name("api")
-            .route("/api")
-            .key(
-                KeyExtractor::header(HeaderName::from_static("x-api-key")).client_ip(
-                    ClientIp::new()
-                        .peer_addr_from(|e| e.get::<ConnectInfo<SocketAddr>>().map(|c| c.0)),
-                ),
-            )
-            .build()
-            .expect("layer")
-    });
+    recorder
+        .install()
+        .expect("the only recorder of this test binary");
     let app = Router::new().route("/api", get(|| async { "data" }).layer(layer));
 
     let url = format!("{}/api", serve(app).await);
@@ -90,7 +92,8 @@ async fn twenty_thousand_requests_admit_exactly_the_burst() {
     assert_eq!(denied, REQUESTS as u64 - BURST);
 
     let mut counted = std::collections::BTreeMap::new();
-    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+    for (key, _, description, value) in snapshotter.snapshot().into_vec() {
+        assert!(description.is_some(), "no # HELP text for {key:?}");
         let key = key.into_parts();
         assert_eq!(key.0, MetricKind::Counter);
         let (name, labels) = key.1.into_parts();
@@ -115,4 +118,5 @@ async fn twenty_thousand_requests_admit_exactly_the_burst() {
     assert_eq!(counted.get("denied"), Some(&(REQUESTS as u64 - BURST)));
     assert_eq!(counted.get("bad_key"), Some(&0));
     assert_eq!(counted.get("limiter_error"), Some(&0));
+    assert_eq!(counted.get("shadow_denied"), Some(&0));
 }

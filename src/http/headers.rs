@@ -88,27 +88,45 @@ impl HeaderSet {
         }
     }
 
-    /// Writes the headers for `decision`; `Retry-After` too on a denial.
+    /// Writes the rate-limit fields for `decision` (not `Retry-After`:
+    /// see [`write_retry_after`]).
+    ///
+    /// `RateLimit-Policy` and `RateLimit` are lists in the draft: each
+    /// layer **appends** its own item, so two stacked layers (two
+    /// policies) both show, each under its own name, and the denying one's
+    /// item is the one with `r=0`. The `X-RateLimit-*` trio holds one
+    /// policy only: the one with the fewest requests left (the binding
+    /// one) wins, so stacked layers never mix two policies' numbers.
     pub(crate) fn write(&self, decision: &Decision, headers: &mut HeaderMap) {
         let remaining = decision.remaining();
         let reset = ceil_secs(decision.reset_after());
         if let Some(policy) = &self.policy {
-            headers.insert(RATELIMIT_POLICY, policy.clone());
+            headers.append(RATELIMIT_POLICY, policy.clone());
             let mut value = String::with_capacity(self.name.len() + 24);
             let _ = write!(value, "{};r={remaining};t={reset}", self.name);
             if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
-                headers.insert(RATELIMIT, value);
+                headers.append(RATELIMIT, value);
             }
         }
         if self.x_trio {
-            headers.insert(X_RATELIMIT_LIMIT, decision.limit().into());
-            headers.insert(X_RATELIMIT_REMAINING, remaining.into());
-            headers.insert(X_RATELIMIT_RESET, reset.into());
-        }
-        if let Some(wait) = decision.retry_after() {
-            headers.insert(RETRY_AFTER, ceil_secs(wait).max(1).into());
+            let binding = headers
+                .get(X_RATELIMIT_REMAINING)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                .is_none_or(|theirs| remaining < theirs);
+            if binding {
+                headers.insert(X_RATELIMIT_LIMIT, decision.limit().into());
+                headers.insert(X_RATELIMIT_REMAINING, remaining.into());
+                headers.insert(X_RATELIMIT_RESET, reset.into());
+            }
         }
     }
+}
+
+/// `Retry-After` for a denial: the wait in delta-seconds, rounded up and
+/// never `0`, as in the body of the default response.
+pub(crate) fn write_retry_after(decision: &Decision, headers: &mut HeaderMap) {
+    let wait = decision.retry_after().map_or(1, |d| ceil_secs(d).max(1));
+    headers.insert(RETRY_AFTER, wait.into());
 }
 
 #[cfg(test)]

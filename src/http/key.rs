@@ -6,6 +6,7 @@
 //! | [`KeyExtractor::header`] | `key:` + the header's value | API keys |
 //! | [`KeyExtractor::extension`] | `user:` + what your function returns | a user id set by your auth layer |
 //! | [`KeyExtractor::peer_ip`] | `ip:` + the client's address or prefix | anonymous traffic (`/login`) |
+//! | [`KeyExtractor::global`] | one key for every request | a global budget ([`DirectLimiter`](crate::DirectLimiter)) |
 //! | [`KeyExtractor::custom`] | whatever your closure returns, as is | anything else |
 //!
 //! The prefixes keep kinds apart: an API key that reads `ip:203.0.113.7`
@@ -13,13 +14,17 @@
 //!
 //! # Client addresses, proxies and NAT
 //!
-//! The peer address comes from the connection (see
-//! [`ClientIp::peer_addr_from`]). `X-Forwarded-For` and `Forwarded`
+//! The peer address comes from the connection: a [`PeerAddr`] or
+//! `SocketAddr` extension, and with the `axum` feature axum's
+//! `ConnectInfo<SocketAddr>` (what `into_make_service_with_connect_info`
+//! sets); anything else through [`ClientIp::peer_addr_from`]. `X-Forwarded-For` and `Forwarded`
 //! (RFC 7239) are read **only when the peer is a trusted proxy**
 //! ([`ClientIp::trust`]); anyone else could write any address there. The
 //! chain is walked from the right (the hop nearest to us), skipping trusted
 //! proxies; the first untrusted address is the client. `Forwarded` wins
-//! when both headers are present.
+//! when both headers are present; its quoted values may hold commas and
+//! semicolons (`host="a,b"`). `X-Real-IP` from a trusted proxy wins over
+//! both when [`ClientIp::x_real_ip`] is on.
 //!
 //! One IPv6 host usually owns a whole /64, so an IPv6 client is keyed by
 //! its prefix ([`ClientIp::ipv6_prefix`], default 64): otherwise it could
@@ -146,7 +151,7 @@ pub enum KeyError {
     /// A trusted proxy sent a forwarded header that cannot be read.
     #[error("unreadable {header} header from a trusted proxy: {reason}")]
     BadForwarded {
-        /// `forwarded` or `x-forwarded-for`.
+        /// `forwarded`, `x-forwarded-for` or `x-real-ip`.
         header: &'static str,
         /// What is wrong with it.
         reason: String,
@@ -154,15 +159,27 @@ pub enum KeyError {
     /// The server did not give the layer the connection's peer address: a
     /// deployment mistake (see [`ClientIp::peer_addr_from`]), answered with
     /// `500`.
-    #[error(
-        "the rate limiter cannot see the peer address: serve with connect info \
-         (axum: into_make_service_with_connect_info) or set ClientIp::peer_addr_from"
-    )]
+    #[error("{}", NO_PEER_ADDR)]
     NoPeerAddr,
     /// A custom extractor's refusal.
     #[error("{0}")]
     Rejected(String),
 }
+
+/// How to fix a missing peer address, for the setup the crate was built
+/// with: without the `axum` feature, axum's `ConnectInfo` is not read, so
+/// serving with connect info alone is not the fix.
+#[cfg(feature = "axum")]
+const NO_PEER_ADDR: &str = "the rate limiter cannot see the peer address: \
+    serve axum with into_make_service_with_connect_info::<SocketAddr>(), \
+    give other servers a turnstile::http::PeerAddr extension, \
+    or set ClientIp::peer_addr_from; KeyExtractor::global() needs no address";
+#[cfg(not(feature = "axum"))]
+const NO_PEER_ADDR: &str = "the rate limiter cannot see the peer address: \
+    under axum, enable turnstile's \"axum\" feature (it reads ConnectInfo<SocketAddr>) \
+    and serve with into_make_service_with_connect_info::<SocketAddr>(); \
+    give other servers a turnstile::http::PeerAddr extension, \
+    or set ClientIp::peer_addr_from; KeyExtractor::global() needs no address";
 
 /// What to do with a request whose key is missing or malformed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,8 +199,8 @@ impl Default for OnBadKey {
 }
 
 /// The peer address of a connection, as a request extension: insert it in
-/// a hand-written hyper server; axum's `ConnectInfo` is read through
-/// [`ClientIp::peer_addr_from`].
+/// a hand-written hyper server. axum's `ConnectInfo` is read as is with the
+/// `axum` feature, or through [`ClientIp::peer_addr_from`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PeerAddr(pub SocketAddr);
 
@@ -223,6 +240,7 @@ pub struct ClientIp {
     ipv4_prefix: u8,
     ipv6_prefix: u8,
     max_hops: usize,
+    x_real_ip: bool,
     peer_addr: Arc<PeerAddrFn>,
 }
 
@@ -233,6 +251,7 @@ impl fmt::Debug for ClientIp {
             .field("ipv4_prefix", &self.ipv4_prefix)
             .field("ipv6_prefix", &self.ipv6_prefix)
             .field("max_hops", &self.max_hops)
+            .field("x_real_ip", &self.x_real_ip)
             .finish_non_exhaustive()
     }
 }
@@ -243,24 +262,31 @@ impl Default for ClientIp {
     }
 }
 
-/// The default peer address lookup: a [`PeerAddr`] or a bare
-/// [`SocketAddr`] extension.
+/// The default peer address lookup: a [`PeerAddr`], axum's
+/// `ConnectInfo<SocketAddr>` (feature `axum`), or a bare [`SocketAddr`]
+/// extension.
 fn default_peer_addr(extensions: &Extensions) -> Option<SocketAddr> {
-    extensions
-        .get::<PeerAddr>()
-        .map(|p| p.0)
-        .or_else(|| extensions.get::<SocketAddr>().copied())
+    if let Some(peer) = extensions.get::<PeerAddr>() {
+        return Some(peer.0);
+    }
+    #[cfg(feature = "axum")]
+    if let Some(info) = extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
+        return Some(info.0);
+    }
+    extensions.get::<SocketAddr>().copied()
 }
 
 impl ClientIp {
     /// Trusts no proxy; keys IPv4 by /32 and IPv6 by /64; reads the peer
-    /// address from a [`PeerAddr`] or [`SocketAddr`] extension.
+    /// address from a [`PeerAddr`], axum's `ConnectInfo<SocketAddr>`
+    /// (feature `axum`) or a [`SocketAddr`] extension.
     pub fn new() -> Self {
         ClientIp {
             trusted: Arc::new([]),
             ipv4_prefix: 32,
             ipv6_prefix: 64,
             max_hops: 16,
+            x_real_ip: false,
             peer_addr: Arc::new(default_peer_addr),
         }
     }
@@ -295,7 +321,19 @@ impl ClientIp {
         self
     }
 
-    /// Where the connection's peer address is found. For axum:
+    /// Whether a trusted proxy's `X-Real-IP` names the client (default
+    /// off). nginx and others set it to the address they saw; when on and
+    /// the peer is a trusted proxy that sent one, it wins over
+    /// `Forwarded` and `X-Forwarded-For`. From an untrusted peer it is
+    /// never read. An unreadable one is a [`KeyError::BadForwarded`].
+    pub fn x_real_ip(mut self, on: bool) -> Self {
+        self.x_real_ip = on;
+        self
+    }
+
+    /// Where the connection's peer address is found, when the default
+    /// lookup does not: for tonic, its `TcpConnectInfo`; for axum without
+    /// the `axum` feature:
     ///
     /// ```
     /// use std::net::SocketAddr;
@@ -334,6 +372,18 @@ impl ClientIp {
         if !self.is_trusted(peer) {
             return Ok(peer);
         }
+        if self.x_real_ip {
+            if let Some(value) = parts.headers.get(&X_REAL_IP) {
+                let bad = |reason: String| KeyError::BadForwarded {
+                    header: "x-real-ip",
+                    reason,
+                };
+                let text = value.to_str().map_err(|_| bad("not ASCII text".into()))?;
+                return parse_node(text.trim())
+                    .map(|ip| ip.to_canonical())
+                    .map_err(bad);
+            }
+        }
         if parts.headers.contains_key(FORWARDED) {
             self.walk(parts.headers, FORWARDED, "forwarded", forwarded_for)
         } else {
@@ -365,7 +415,18 @@ impl ClientIp {
         }
         let mut leftmost = None;
         let mut hops = 0;
-        for element in lines.iter().rev().flat_map(|line| line.rsplit(',')) {
+        // `Forwarded` values may quote commas (`host="a,b"`);
+        // `X-Forwarded-For` has no quoting.
+        let quoting = name == FORWARDED;
+        let elements = lines.iter().rev().flat_map(|line| {
+            if quoting {
+                split_unquoted(line, b',')
+            } else {
+                line.split(',').collect::<Vec<_>>().into_iter()
+            }
+            .rev()
+        });
+        for element in elements {
             let ip = parse(element).map_err(bad)?.to_canonical();
             if !self.is_trusted(ip) {
                 return Ok(Some(ip));
@@ -405,22 +466,64 @@ fn network_text(net: Result<IpNet, ipnet::PrefixLenError>) -> String {
     )
 }
 
+/// `X-Real-IP`, read only when [`ClientIp::x_real_ip`] is on.
+pub const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
 /// `X-Forwarded-For` (not in `http`'s list of standard headers).
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
-/// The `for=` node of one `Forwarded` element.
+/// `text` cut at each `sep` outside a quoted string (RFC 7230
+/// `quoted-string`, with `\` escapes), so `host="a,b"` stays one piece. An
+/// unterminated quote runs to the end; the value parser then refuses it.
+fn split_unquoted(text: &str, sep: u8) -> std::vec::IntoIter<&str> {
+    let mut pieces = Vec::new();
+    let (mut start, mut quoted, mut escaped) = (0, false, false);
+    for (i, &b) in text.as_bytes().iter().enumerate() {
+        if escaped {
+            escaped = false;
+        } else if quoted && b == b'\\' {
+            escaped = true;
+        } else if b == b'"' {
+            quoted = !quoted;
+        } else if b == sep && !quoted {
+            pieces.push(&text[start..i]);
+            start = i + 1;
+        }
+    }
+    pieces.push(&text[start..]);
+    pieces.into_iter()
+}
+
+/// A `Forwarded` parameter value: a token as is, a quoted string without
+/// its quotes and with its `\` escapes undone.
+fn unquote(value: &str) -> Result<String, String> {
+    let Some(inner) = value.strip_prefix('"') else {
+        return Ok(value.to_owned());
+    };
+    let inner = inner
+        .strip_suffix('"')
+        .ok_or_else(|| format!("{value:?} has an unterminated quote"))?;
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        out.push(if c == '\\' {
+            chars.next().unwrap_or(c)
+        } else {
+            c
+        });
+    }
+    Ok(out)
+}
+
+/// The `for=` node of one `Forwarded` element (`for=...;proto=...;by=...`,
+/// pairs split outside quoted strings).
 fn forwarded_for(element: &str) -> Result<IpAddr, String> {
-    let node = element
-        .split(';')
+    let node = split_unquoted(element, b';')
         .filter_map(|pair| pair.split_once('='))
         .find(|(name, _)| name.trim().eq_ignore_ascii_case("for"))
         .map(|(_, value)| value.trim())
-        .ok_or_else(|| format!("element {element:?} has no for="))?;
-    let node = node
-        .strip_prefix('"')
-        .and_then(|n| n.strip_suffix('"'))
-        .unwrap_or(node);
-    parse_node(node)
+        .ok_or_else(|| format!("element {:?} has no for=", element.trim()))?;
+    parse_node(&unquote(node)?)
 }
 
 /// An address with an optional port: `192.0.2.1`, `192.0.2.1:8080`,
@@ -453,6 +556,7 @@ enum Source {
     Header(HeaderName),
     Extension(Arc<ExtractFn>),
     PeerIp,
+    Global,
     Custom(Arc<ExtractFn>),
 }
 
@@ -460,7 +564,7 @@ enum Source {
 /// extractors and the bad-key policy.
 ///
 /// ```
-/// use http::{HeaderName, StatusCode};
+/// use axum::http::{HeaderName, StatusCode};
 /// use turnstile::http::{ClientIp, KeyExtractor, OnBadKey};
 ///
 /// // API keys; a request without one counts against its address instead.
@@ -493,6 +597,7 @@ impl fmt::Debug for KeyExtractor {
             Source::Header(name) => format!("header {name:?}"),
             Source::Extension(_) => "extension".to_owned(),
             Source::PeerIp => "peer ip".to_owned(),
+            Source::Global => "global".to_owned(),
             Source::Custom(_) => "custom".to_owned(),
         };
         f.debug_struct("KeyExtractor")
@@ -543,6 +648,13 @@ impl KeyExtractor {
     /// `ip:<network>/<prefix>`.
     pub fn peer_ip() -> Self {
         Self::with(Source::PeerIp)
+    }
+
+    /// The same key (`global`) for every request: one budget for the whole
+    /// route, usually with a [`DirectLimiter`](crate::DirectLimiter). Needs
+    /// no peer address and never refuses a request for its key.
+    pub fn global() -> Self {
+        Self::with(Source::Global)
     }
 
     /// Your own function; its key is used as is.
@@ -608,6 +720,7 @@ impl KeyExtractor {
                 .client_ip
                 .client(parts)
                 .map(|ip| self.client_ip.key_of(ip)),
+            Source::Global => Ok(HttpKey(Bytes::from_static(b"global"))),
         }
     }
 
@@ -715,6 +828,55 @@ mod tests {
                 "{value:?}"
             );
         }
+    }
+
+    /// The examples of RFC 7239 (sections 4, 5.2 and 7.1), and quoted
+    /// values holding the separators.
+    #[test]
+    fn rfc7239_examples_and_quoted_separators() {
+        let ip = ClientIp::new().trust(["10.0.0.0/8".parse().unwrap()]);
+        let ok: &[(&[u8], &str)] = &[
+            (b"for=\"_gazonk\", for=192.0.2.60", "192.0.2.60"),
+            (b"For=\"[2001:db8:cafe::17]:4711\"", "2001:db8:cafe::17"),
+            (b"for=192.0.2.60;proto=http;by=203.0.113.43", "192.0.2.60"),
+            (b"for=192.0.2.43, for=198.51.100.17", "198.51.100.17"),
+            (
+                b"for=192.0.2.43,for=198.51.100.17;by=203.0.113.60;proto=http;host=example.com",
+                "198.51.100.17",
+            ),
+            (b"for=192.0.2.1;host=\"a,b\"", "192.0.2.1"),
+            (b"for=192.0.2.1;host=\"a;b,c\\\"d\"", "192.0.2.1"),
+            (b"for=\"192.0.2.2\";by=\"x,y\", for=10.0.0.7", "192.0.2.2"),
+        ];
+        for (value, want) in ok {
+            assert_eq!(
+                client(&ip, "10.0.0.1:1", &[("forwarded", value)]),
+                Ok(want.parse().unwrap()),
+                "{:?}",
+                String::from_utf8_lossy(value)
+            );
+        }
+        // The nearest node is obfuscated or unknown: no client named.
+        for value in [
+            &b"for=192.0.2.43, for=\"_gazonk\""[..],
+            b"for=192.0.2.43, for=unknown",
+            b"for=\"192.0.2.1",
+        ] {
+            assert!(
+                matches!(
+                    client(&ip, "10.0.0.1:1", &[("forwarded", value)]),
+                    Err(KeyError::BadForwarded { .. })
+                ),
+                "{:?}",
+                String::from_utf8_lossy(value)
+            );
+        }
+        assert_eq!(
+            split_unquoted("a=\"1,2\",b", b',').collect::<Vec<_>>(),
+            ["a=\"1,2\"", "b"]
+        );
+        assert_eq!(unquote("\"a\\\"b\"").as_deref(), Ok("a\"b"));
+        assert!(unquote("\"open").is_err());
     }
 
     #[test]

@@ -3,18 +3,20 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use metrics::Counter;
+use metrics::{Counter, Unit};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
-use super::headers::{self, ceil_secs, HeaderSet};
+use super::body::RateLimitBody;
+use super::headers::{self, HeaderSet};
 use super::key::{KeyExtractor, RequestParts};
-use super::{problem, Limiter};
+use super::rejection::{Denied, OnDenied};
+use super::{grpc, problem, Limiter};
 use crate::Decision;
 
 /// What the layer does when its limiter fails (a Redis limiter whose store
@@ -54,18 +56,47 @@ pub enum LayerError {
 /// The name of the metric the layer counts decisions in.
 ///
 /// One counter per outcome, labelled `limiter` (the policy name), `route`
-/// and `outcome`: `allowed`, `denied`, `bad_key` (refused by the key
-/// policy) or `limiter_error`.
+/// and `outcome`: `allowed`, `denied`, `shadow_denied` (denied by a layer
+/// in [shadow mode](RateLimitLayerBuilder::shadow), and let through),
+/// `bad_key` (refused by the key policy) or `limiter_error`.
 pub const DECISIONS_METRIC: &str = "turnstile_http_decisions_total";
 
-/// The counters of one layer. Handles are taken from the `metrics` recorder
-/// when the layer is built: install the recorder (exporter) first.
+/// The counters of one layer.
 #[derive(Clone, Debug)]
 struct Counters {
     allowed: Counter,
     denied: Counter,
+    shadow_denied: Counter,
     bad_key: Counter,
     limiter_error: Counter,
+}
+
+/// The counters' labels, and the handles, resolved at the first request
+/// rather than when the layer is built: a recorder installed after the
+/// layers (but before traffic) still gets every count.
+#[derive(Debug)]
+struct Metrics {
+    limiter: String,
+    route: String,
+    counters: OnceLock<Counters>,
+}
+
+impl Metrics {
+    fn get(&self) -> &Counters {
+        self.counters.get_or_init(|| {
+            // The recorder keeps the last description; describing once per
+            // layer is cheap and keeps the text next to the series.
+            metrics::describe_counter!(
+                DECISIONS_METRIC,
+                Unit::Count,
+                "Requests seen by turnstile's HTTP rate-limit layer, by policy (limiter), \
+                 route and outcome: allowed, denied, shadow_denied (denied in shadow \
+                 mode and let through), bad_key (refused by the key policy), \
+                 limiter_error (the limiter could not decide)"
+            );
+            Counters::new(&self.limiter, &self.route)
+        })
+    }
 }
 
 impl Counters {
@@ -81,6 +112,7 @@ impl Counters {
         Counters {
             allowed: counter("allowed"),
             denied: counter("denied"),
+            shadow_denied: counter("shadow_denied"),
             bad_key: counter("bad_key"),
             limiter_error: counter("limiter_error"),
         }
@@ -93,7 +125,9 @@ struct Shared<L> {
     key: KeyExtractor,
     headers: HeaderSet,
     on_error: OnLimiterError,
-    counters: Counters,
+    on_denied: OnDenied,
+    shadow: bool,
+    metrics: Metrics,
 }
 
 /// A tower [`Layer`] that rate-limits requests: keys each request
@@ -103,12 +137,14 @@ struct Shared<L> {
 /// [`headers`](super::headers)).
 ///
 /// One layer is one policy. Per-route quotas are one layer per route (in
-/// axum, `route_layer` or a layer on the route's handler); see the
-/// [module docs](super).
+/// axum, `route_layer`, so that requests no handler takes, such as a
+/// `405`, spend no token); see the [module docs](super).
 ///
-/// The response body type must be buildable from [`Bytes`] (axum's
-/// `Body`, `http_body_util::Full<Bytes>`); the inner service must be
-/// [`Clone`] (axum's are).
+/// Responses carry a [`RateLimitBody`]: the inner service's body passed
+/// through, or the layer's own answer, so any body type works (axum's,
+/// tonic's, hyper's). The inner service must be [`Clone`] (axum's and
+/// tonic's are). gRPC calls are recognised by their `content-type` and
+/// refused with a gRPC status (see [`http`](super#grpc)).
 pub struct RateLimitLayer<L> {
     shared: Arc<Shared<L>>,
 }
@@ -127,13 +163,15 @@ impl<L> fmt::Debug for RateLimitLayer<L> {
             .field("name", &self.shared.name)
             .field("key", &self.shared.key)
             .field("on_error", &self.shared.on_error)
+            .field("shadow", &self.shared.shadow)
             .finish_non_exhaustive()
     }
 }
 
 impl<L: Limiter> RateLimitLayer<L> {
     /// A builder: policy name `"default"`, keyed by client address,
-    /// IETF headers on, `X-RateLimit-*` off, failing closed with `503`.
+    /// IETF headers on, `X-RateLimit-*` off, failing closed with `503`,
+    /// the default denial response, enforcing (not in shadow mode).
     pub fn builder(limiter: L) -> RateLimitLayerBuilder<L> {
         RateLimitLayerBuilder {
             limiter,
@@ -143,6 +181,8 @@ impl<L: Limiter> RateLimitLayer<L> {
             ietf_headers: true,
             x_ratelimit_headers: false,
             on_error: OnLimiterError::default(),
+            on_denied: OnDenied::default(),
+            shadow: false,
         }
     }
 
@@ -172,6 +212,8 @@ pub struct RateLimitLayerBuilder<L> {
     ietf_headers: bool,
     x_ratelimit_headers: bool,
     on_error: OnLimiterError,
+    on_denied: OnDenied,
+    shadow: bool,
 }
 
 impl<L> fmt::Debug for RateLimitLayerBuilder<L> {
@@ -183,6 +225,8 @@ impl<L> fmt::Debug for RateLimitLayerBuilder<L> {
             .field("ietf_headers", &self.ietf_headers)
             .field("x_ratelimit_headers", &self.x_ratelimit_headers)
             .field("on_error", &self.on_error)
+            .field("on_denied", &self.on_denied)
+            .field("shadow", &self.shadow)
             .finish_non_exhaustive()
     }
 }
@@ -228,8 +272,54 @@ impl<L: Limiter> RateLimitLayerBuilder<L> {
         self
     }
 
-    /// The layer. Takes the metrics handles now, so install the `metrics`
-    /// recorder before building layers.
+    /// Builds the response to a denied request (default:
+    /// [`Denied::default_response`], problem+json or a gRPC status). The
+    /// layer then adds `RateLimit-Policy`, `RateLimit` (and the
+    /// `X-RateLimit-*` trio when on) and `Retry-After` from the same
+    /// decision, so they always match the policy.
+    ///
+    /// ```
+    /// use turnstile::http::{HttpKey, KeyExtractor, RateLimitLayer};
+    /// use turnstile::DirectLimiter;
+    /// use axum::http::{Response, StatusCode};
+    ///
+    /// let layer = RateLimitLayer::builder(DirectLimiter::new("100/s".parse()?))
+    ///     .key(KeyExtractor::global())
+    ///     .on_denied(|denied| {
+    ///         if denied.is_grpc() {
+    ///             return denied.default_response();
+    ///         }
+    ///         let mut response = Response::new(format!(
+    ///             "slow down: try again in {} s\n",
+    ///             denied.retry_after_secs()
+    ///         ).into());
+    ///         *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    ///         response
+    ///     })
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_denied(
+        mut self,
+        build: impl Fn(&Denied<'_>) -> Response<Bytes> + Send + Sync + 'static,
+    ) -> Self {
+        self.on_denied = OnDenied::custom(build);
+        self
+    }
+
+    /// Shadow mode (default off): decide and count every request, write the
+    /// rate-limit headers, but let denied requests through, counted as
+    /// `outcome="shadow_denied"` and without `Retry-After`. Roll a new
+    /// limit out this way, watch what it would refuse, then turn it on.
+    pub fn shadow(mut self, on: bool) -> Self {
+        self.shadow = on;
+        self
+    }
+
+    /// The layer. The metrics handles are taken at the first request, so
+    /// the `metrics` recorder may be installed before or after the layers
+    /// are built, as long as it is before traffic.
     pub fn build(self) -> Result<RateLimitLayer<L>, LayerError> {
         let quoted = headers::sf_string(&self.name).map_err(|reason| LayerError::BadName {
             name: self.name.clone(),
@@ -239,7 +329,11 @@ impl<L: Limiter> RateLimitLayerBuilder<L> {
         let route = self.route.as_deref().unwrap_or(&self.name);
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
-                counters: Counters::new(&self.name, route),
+                metrics: Metrics {
+                    limiter: self.name.clone(),
+                    route: route.to_owned(),
+                    counters: OnceLock::new(),
+                },
                 headers: HeaderSet::new(
                     quoted,
                     &quota,
@@ -250,6 +344,8 @@ impl<L: Limiter> RateLimitLayerBuilder<L> {
                 name: self.name,
                 key: self.key,
                 on_error: self.on_error,
+                on_denied: self.on_denied,
+                shadow: self.shadow,
             }),
         })
     }
@@ -283,9 +379,8 @@ impl<S, L, ReqB, ResB> Service<Request<ReqB>> for RateLimit<S, L>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone,
     L: Limiter,
-    ResB: From<Bytes>,
 {
-    type Response = Response<ResB>;
+    type Response = Response<RateLimitBody<ResB>>;
     type Error = S::Error;
     type Future = ResponseFuture<S, L, ReqB>;
 
@@ -298,8 +393,9 @@ where
         let key = match shared.key.key(&RequestParts::of(&request)) {
             Ok(key) => key,
             Err((status, error)) => {
-                shared.counters.bad_key.increment(1);
-                let response = problem::response(status, &error.to_string(), None);
+                shared.metrics.get().bad_key.increment(1);
+                let grpc = grpc::is_grpc(request.headers());
+                let response = refusal(grpc, status, &error.to_string());
                 return ResponseFuture::ready(shared, response);
             }
         };
@@ -350,7 +446,7 @@ pin_project! {
             decision: Option<Decision>,
         },
         Ready {
-            response: Option<S::Response>,
+            response: Option<Response<Bytes>>,
         },
     }
 }
@@ -360,7 +456,7 @@ where
     S: Service<Request<ReqB>>,
     L: Limiter,
 {
-    fn ready(shared: Arc<Shared<L>>, response: S::Response) -> Self {
+    fn ready(shared: Arc<Shared<L>>, response: Response<Bytes>) -> Self {
         ResponseFuture {
             shared,
             state: State::Ready {
@@ -391,11 +487,11 @@ impl<S, L, ReqB, ResB> Future for ResponseFuture<S, L, ReqB>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>>,
     L: Limiter,
-    ResB: From<Bytes>,
 {
-    type Output = Result<Response<ResB>, S::Error>;
+    type Output = Result<Response<RateLimitBody<ResB>>, S::Error>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let own = |response: Response<Bytes>| Poll::Ready(Ok(response.map(RateLimitBody::full)));
         loop {
             let this = self.as_mut().project();
             let shared = &**this.shared;
@@ -405,30 +501,31 @@ where
                     let Some((mut inner, request)) = pending.take() else {
                         // Polled again after the check ended: a caller bug
                         // the state machine never causes.
-                        return Poll::Ready(Ok(problem::response(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            "rate limiter future polled after completion",
-                            None,
-                        )));
+                        return own(after_completion());
                     };
+                    // Whether to answer as gRPC is read only when the layer
+                    // answers itself: an admitted request pays no lookup.
+                    let grpc = || grpc::is_grpc(request.headers());
                     let decision = match outcome {
                         Ok(decision) if decision.is_allowed() => {
-                            shared.counters.allowed.increment(1);
+                            shared.metrics.get().allowed.increment(1);
+                            Some(decision)
+                        }
+                        Ok(decision) if shared.shadow => {
+                            shared.metrics.get().shadow_denied.increment(1);
                             Some(decision)
                         }
                         Ok(decision) => {
-                            shared.counters.denied.increment(1);
-                            return Poll::Ready(Ok(too_many_requests(shared, &decision)));
+                            shared.metrics.get().denied.increment(1);
+                            return own(denial(shared, grpc(), &decision));
                         }
                         Err(error) => {
-                            shared.counters.limiter_error.increment(1);
+                            shared.metrics.get().limiter_error.increment(1);
                             match shared.on_error {
                                 OnLimiterError::Allow => None,
                                 OnLimiterError::Reject(status) => {
                                     let detail = format!("rate limiter unavailable: {error}");
-                                    return Poll::Ready(Ok(problem::response(
-                                        status, &detail, None,
-                                    )));
+                                    return own(refusal(grpc(), status, &detail));
                                 }
                             }
                         }
@@ -443,16 +540,10 @@ where
                     if let Some(decision) = decision {
                         shared.headers.write(decision, response.headers_mut());
                     }
-                    return Poll::Ready(Ok(response));
+                    return Poll::Ready(Ok(response.map(RateLimitBody::inner)));
                 }
                 StateProj::Ready { response } => {
-                    return Poll::Ready(Ok(response.take().unwrap_or_else(|| {
-                        problem::response(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            "rate limiter future polled after completion",
-                            None,
-                        )
-                    })));
+                    return own(response.take().unwrap_or_else(after_completion));
                 }
             };
             self.as_mut().project().state.set(next);
@@ -460,18 +551,36 @@ where
     }
 }
 
-/// The 429: problem+json, `Retry-After` and the rate-limit headers.
-fn too_many_requests<L, B: From<Bytes>>(shared: &Shared<L>, decision: &Decision) -> Response<B> {
-    let retry = decision.retry_after().map_or(1, |d| ceil_secs(d).max(1));
-    let detail = format!(
-        "rate limit \"{}\" exceeded; retry after {retry} s",
-        shared.name
-    );
-    let throttled = problem::Throttled {
+/// The answer to a future polled after it completed.
+/// The request is gone by then, so it cannot say whether it was gRPC.
+fn after_completion() -> Response<Bytes> {
+    refusal(
+        false,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "rate limiter future polled after completion",
+    )
+}
+
+/// An answer the layer writes itself that is not a denial: problem+json
+/// with `status`, or for a gRPC call the closest gRPC status.
+fn refusal(grpc: bool, status: StatusCode, detail: &str) -> Response<Bytes> {
+    if grpc {
+        grpc::status_response(grpc::code_of(status), detail)
+    } else {
+        problem::response(status, detail, None)
+    }
+}
+
+/// A denial: the policy's response (default or custom), then the
+/// rate-limit fields and `Retry-After` from the same decision.
+fn denial<L>(shared: &Shared<L>, grpc: bool, decision: &Decision) -> Response<Bytes> {
+    let denied = Denied {
         policy: &shared.name,
-        retry_after: retry,
+        decision,
+        grpc,
     };
-    let mut response = problem::response(StatusCode::TOO_MANY_REQUESTS, &detail, Some(throttled));
+    let mut response = shared.on_denied.response(&denied);
     shared.headers.write(decision, response.headers_mut());
+    headers::write_retry_after(decision, response.headers_mut());
     response
 }

@@ -1,5 +1,5 @@
-//! HTTP rate limiting as a tower layer (feature `tower`): axum, hyper and
-//! tonic servers all take it.
+//! HTTP and gRPC rate limiting as a tower layer (feature `tower`): axum,
+//! hyper and tonic servers all take it.
 //!
 //! A [`RateLimitLayer`] keys each request ([`KeyExtractor`]: an API key
 //! header, a user id from your auth layer, the client address with
@@ -9,37 +9,36 @@
 //! same trait), and:
 //!
 //! - on a denial answers `429 Too Many Requests` with `Retry-After`
-//!   (delta-seconds, rounded up) and an `application/problem+json` body,
-//!   without calling the service, so refused traffic costs one check;
+//!   (delta-seconds, rounded up) and an `application/problem+json` body
+//!   (or a gRPC `RESOURCE_EXHAUSTED` status to a gRPC call; or your own
+//!   response), without calling the service, so refused traffic costs one
+//!   check;
 //! - on every response it lets through writes `RateLimit-Policy` and
 //!   `RateLimit` (draft-ietf-httpapi-ratelimit-headers), and optionally the
 //!   `X-RateLimit-*` trio ([`headers`]);
 //! - counts each outcome in the `metrics` facade ([`DECISIONS_METRIC`]).
 //!
-//! # Per-route quotas: one layer per route
+//! # Per-route quotas: one layer per route, with `route_layer`
 //!
 //! Each route that has a quota gets its own layer, with its own limiter,
-//! policy name and key. In axum, put it on the route (`.route(path,
-//! handler.layer(layer))`) or on a sub-router with `route_layer`; routes
-//! without a layer are not limited. Routes that must share one budget
-//! share the limiter through an `Arc`. There is no route table inside the
-//! layer: the router already is one.
+//! policy name and key. In axum, put it on the route with **`route_layer`**,
+//! not `layer`: `post(handler).layer(l)` also wraps the method router's
+//! fallback, so a `GET` to a `POST`-only path would spend a token on its
+//! `405`; `route_layer` runs only when a handler matches (a route made with
+//! `any(..)` has no method to miss: there, axum wants `layer`). Routes without a
+//! layer are not limited. Routes that must share one budget share the
+//! limiter through an `Arc`. There is no route table inside the layer: the
+//! router already is one.
 //!
 //! ```
-//! use std::net::SocketAddr;
-//! use axum::{extract::ConnectInfo, routing::{get, post}, Router};
-//! use http::HeaderName;
-//! use turnstile::http::{ClientIp, HttpKey, KeyExtractor, RateLimitLayer};
-//! use turnstile::KeyedLimiter;
+//! use axum::{http::HeaderName, routing::{get, post}, Router};
+//! use turnstile::http::{HttpKey, KeyExtractor, RateLimitLayer};
+//! use turnstile::{DirectLimiter, KeyedLimiter};
 //!
-//! // axum hands the peer address over as `ConnectInfo`.
-//! let client_ip = ClientIp::new()
-//!     .peer_addr_from(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0));
-//!
-//! // /login: 5 a minute per client address.
+//! // /login: 5 a minute per client address (the default key; with the
+//! // `axum` feature the address comes from axum's ConnectInfo).
 //! let login = RateLimitLayer::builder(KeyedLimiter::<HttpKey>::new("5/min".parse()?))
 //!     .name("login")
-//!     .key(KeyExtractor::peer_ip().client_ip(client_ip))
 //!     .build()?;
 //!
 //! // /api: 100 a minute per API key.
@@ -49,11 +48,20 @@
 //!     .x_ratelimit_headers(true)
 //!     .build()?;
 //!
+//! // /search: 1,000 a second for everyone together, in shadow mode while
+//! // the limit is new (counted, never refused).
+//! let search = RateLimitLayer::builder(DirectLimiter::new("1000/s".parse()?))
+//!     .name("search")
+//!     .key(KeyExtractor::global())
+//!     .shadow(true)
+//!     .build()?;
+//!
 //! let app: Router = Router::new()
-//!     .route("/login", post(|| async { "welcome" }).layer(login))
-//!     .route("/api", get(|| async { "data" }).layer(api))
+//!     .route("/login", post(|| async { "welcome" }).route_layer(login))
+//!     .route("/api", get(|| async { "data" }).route_layer(api))
+//!     .route("/search", get(|| async { "results" }).route_layer(search))
 //!     .route("/health", get(|| async { "ok" }));
-//! // axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+//! // axum::serve(listener, app.into_make_service_with_connect_info::<std::net::SocketAddr>())
 //! # let _ = app;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -63,20 +71,54 @@
 //! | case | status | body | headers |
 //! |------|--------|------|---------|
 //! | allowed | the service's | the service's | `RateLimit-Policy`, `RateLimit` (+ trio) |
-//! | denied | `429` | problem+json with `policy`, `retry_after` | the same, and `Retry-After` |
+//! | denied | `429` | problem+json with `policy`, `retry_after` ([`on_denied`](RateLimitLayerBuilder::on_denied) to change it) | the same, and `Retry-After` |
+//! | denied, [shadow mode](RateLimitLayerBuilder::shadow) | the service's | the service's | `RateLimit-Policy`, `RateLimit` (`r=0`) |
 //! | missing or malformed key | [`OnBadKey`]: `400` by default, or counted against the client address | problem+json naming the problem | none |
 //! | no peer address from the server | `500` | problem+json | none |
 //! | the limiter failed | [`OnLimiterError`]: `503` by default, or passed on | problem+json | none |
+//!
+//! # gRPC
+//!
+//! A request with `content-type: application/grpc` is a gRPC call, and is
+//! answered as one: `200` with `grpc-status` in the headers and an empty
+//! body (Trailers-Only). A denial is `RESOURCE_EXHAUSTED` (code 8) with
+//! `retry-after` (seconds) and `grpc-retry-pushback-ms` (milliseconds, what
+//! gRPC's retry policy reads) in the metadata, next to `ratelimit-policy`
+//! and `ratelimit`; a refused key is `INVALID_ARGUMENT`, a failed limiter
+//! `UNAVAILABLE`. A tonic server takes the layer as
+//! `Server::builder().layer(layer)`; tonic's peer address is its
+//! `TcpConnectInfo`, read with [`ClientIp::peer_addr_from`].
+//!
+//! # Several limits on one route
+//!
+//! Two layers stacked on one route enforce two policies. Each appends its
+//! item to `RateLimit-Policy` and `RateLimit` (lists, as the IETF draft
+//! allows), and `Retry-After` and the body name the policy that denied.
+//! Stacked layers decide one after the other, so a request the inner
+//! layer denies has already spent the outer layer's token; an
+//! all-or-nothing check of several limits is a [`Limiter`] that checks
+//! them together, which the layer takes like any other.
+//!
+//! # Metrics
+//!
+//! [`DECISIONS_METRIC`] counts every outcome, with a `# HELP` description.
+//! The handles are taken from the `metrics` recorder at a layer's first
+//! request, so install the recorder before serving traffic; building the
+//! layers first is fine. A layer's series appear with its first request.
 
+mod body;
+mod grpc;
 pub mod headers;
 pub mod key;
 mod layer;
 mod limiter;
 mod problem;
+mod rejection;
 
+pub use body::RateLimitBody;
 pub use key::{
     ClientIp, HttpKey, KeyError, KeyExtractor, OnBadKey, PeerAddr, RequestParts,
-    DEFAULT_MAX_KEY_LEN, X_FORWARDED_FOR,
+    DEFAULT_MAX_KEY_LEN, X_FORWARDED_FOR, X_REAL_IP,
 };
 pub use layer::{
     LayerError, OnLimiterError, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResponseFuture,
@@ -84,3 +126,4 @@ pub use layer::{
 };
 pub use limiter::Limiter;
 pub use problem::PROBLEM_JSON;
+pub use rejection::Denied;

@@ -23,11 +23,11 @@ pub(crate) struct Throttled<'a> {
 /// status's reason as `title`, `status`, `detail`, and for a 429 `policy`
 /// and `retry_after`. Written directly (strings escaped by serde_json), in
 /// the RFC's member order; a refused request costs no JSON tree.
-pub(crate) fn response<B: From<Bytes>>(
+pub(crate) fn response(
     status: StatusCode,
     detail: &str,
     throttled: Option<Throttled<'_>>,
-) -> Response<B> {
+) -> Response<Bytes> {
     let title = status.canonical_reason().unwrap_or("Error");
     let mut body = String::with_capacity(128 + detail.len());
     let _ = write!(
@@ -49,7 +49,7 @@ pub(crate) fn response<B: From<Bytes>>(
         );
     }
     body.push('}');
-    let mut response = Response::new(B::from(Bytes::from(body)));
+    let mut response = Response::new(Bytes::from(body));
     *response.status_mut() = status;
     response
         .headers_mut()
@@ -68,7 +68,7 @@ mod tests {
 
     #[test]
     fn bodies_are_json_with_escaped_strings() {
-        let response: Response<Bytes> = response(
+        let response = response(
             StatusCode::TOO_MANY_REQUESTS,
             "say \"hi\"\n",
             Some(Throttled {

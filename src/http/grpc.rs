@@ -1,0 +1,142 @@
+//! gRPC answers: a request with `content-type: application/grpc` is
+//! refused with a gRPC status, not an HTTP error page a gRPC client cannot
+//! read.
+//!
+//! A gRPC client reads the outcome of a call from `grpc-status` and
+//! `grpc-message`, never from the HTTP status (which must be `200`). The
+//! layer answers such a request in the "Trailers-Only" form: `200`,
+//! `content-type: application/grpc`, the status in the headers and an
+//! empty body. A denial is `RESOURCE_EXHAUSTED`, with the wait in two
+//! metadata keys:
+//!
+//! - `retry-after`: whole seconds, rounded up, as on an HTTP 429;
+//! - `grpc-retry-pushback-ms`: milliseconds, rounded up, the key gRPC's own
+//!   retry policy (gRFC A6) reads, so a client with retries enabled waits
+//!   that long by itself.
+//!
+//! The `RateLimit-Policy` and `RateLimit` fields are metadata too. A
+//! refused key is `INVALID_ARGUMENT` (or `UNAUTHENTICATED`,
+//! `PERMISSION_DENIED` for `401` and `403` policies), a failed limiter
+//! `UNAVAILABLE`, a server without peer addresses `INTERNAL`.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, CONTENT_TYPE};
+use http::{HeaderMap, Response, StatusCode};
+
+/// `grpc-status`.
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+/// `grpc-message`.
+const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+/// `grpc-retry-pushback-ms` (gRFC A6).
+pub(crate) const GRPC_RETRY_PUSHBACK_MS: HeaderName =
+    HeaderName::from_static("grpc-retry-pushback-ms");
+
+// The gRPC status codes the layer answers with (grpc/doc/statuscodes.md).
+const UNKNOWN: u16 = 2;
+const INVALID_ARGUMENT: u16 = 3;
+const PERMISSION_DENIED: u16 = 7;
+/// `RESOURCE_EXHAUSTED`: the code of a denial.
+pub(crate) const RESOURCE_EXHAUSTED: u16 = 8;
+const INTERNAL: u16 = 13;
+const UNAVAILABLE: u16 = 14;
+const UNAUTHENTICATED: u16 = 16;
+
+/// Whether the request is a gRPC call (`application/grpc`, with or without
+/// a `+proto` style suffix).
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// The gRPC code closest to an HTTP status the layer answers with.
+pub(crate) fn code_of(status: StatusCode) -> u16 {
+    match status.as_u16() {
+        400 | 422 => INVALID_ARGUMENT,
+        401 => UNAUTHENTICATED,
+        403 => PERMISSION_DENIED,
+        429 => RESOURCE_EXHAUSTED,
+        500 => INTERNAL,
+        502..=504 => UNAVAILABLE,
+        _ => UNKNOWN,
+    }
+}
+
+/// A Trailers-Only gRPC answer: `code`, `message` (percent-encoded as the
+/// gRPC spec asks), an empty body.
+pub(crate) fn status_response(code: u16, message: &str) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::new());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(GRPC_STATUS, code.into());
+    if let Ok(message) = HeaderValue::from_str(&percent_encode(message)) {
+        headers.insert(GRPC_MESSAGE, message);
+    }
+    response
+}
+
+/// A wait in whole milliseconds, rounded up (never `0` for a real wait).
+pub(crate) fn pushback_ms(wait: Duration) -> u64 {
+    let ms = wait.as_millis();
+    let ms = ms + u128::from(wait.subsec_nanos() % 1_000_000 > 0);
+    u64::try_from(ms).unwrap_or(u64::MAX).max(1)
+}
+
+/// `grpc-message` encoding: bytes outside printable ASCII, and `%`, as
+/// `%XX`.
+fn percent_encode(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for &b in message.as_bytes() {
+        if (b' '..=b'~').contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_requests_are_recognised_by_content_type() {
+        let mut headers = HeaderMap::new();
+        assert!(!is_grpc(&headers));
+        for (value, grpc) in [
+            ("application/grpc", true),
+            ("application/grpc+proto", true),
+            ("application/json", false),
+        ] {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static(value));
+            assert_eq!(is_grpc(&headers), grpc, "{value}");
+        }
+    }
+
+    #[test]
+    fn the_layers_statuses_map_to_grpc_codes() {
+        assert_eq!(code_of(StatusCode::TOO_MANY_REQUESTS), RESOURCE_EXHAUSTED);
+        assert_eq!(code_of(StatusCode::BAD_REQUEST), INVALID_ARGUMENT);
+        assert_eq!(code_of(StatusCode::SERVICE_UNAVAILABLE), UNAVAILABLE);
+        assert_eq!(code_of(StatusCode::INTERNAL_SERVER_ERROR), INTERNAL);
+        assert_eq!(code_of(StatusCode::IM_A_TEAPOT), UNKNOWN);
+    }
+
+    #[test]
+    fn messages_are_percent_encoded() {
+        assert_eq!(percent_encode("100% \"é\""), "100%25 \"%C3%A9\"");
+    }
+
+    #[test]
+    fn pushback_rounds_up_and_is_never_zero() {
+        assert_eq!(pushback_ms(Duration::from_nanos(1)), 1);
+        assert_eq!(pushback_ms(Duration::from_micros(1_500)), 2);
+        assert_eq!(pushback_ms(Duration::from_secs(20)), 20_000);
+        assert_eq!(pushback_ms(Duration::ZERO), 1);
+        assert_eq!(pushback_ms(Duration::MAX), u64::MAX);
+    }
+}
