@@ -32,6 +32,15 @@ pub(crate) struct Cell {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Tombstoned;
 
+/// One admission as it landed on a cell: the clock reading it was decided
+/// at and the state it wrote. What a rollback needs to take it out again
+/// (see `crate::multi`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Charge {
+    pub(crate) now: u64,
+    pub(crate) after: u64,
+}
+
 /// CAS retries taken by all cells of the process: read by `stats()`, and by
 /// the stress tests to assert that they really raced. Written only when a
 /// CAS fails, never on an uncontended check. (Not under loom, whose atomics
@@ -81,6 +90,46 @@ impl Cell {
                 Ordering::Relaxed,
             ) {
                 Ok(_) => return Ok(step.decision),
+                Err(actual) => {
+                    count_retry();
+                    current = actual;
+                }
+            }
+        }
+    }
+
+    /// [`update`](Cell::update) that also reports the admission it made
+    /// (its reading and the state it wrote), for the multi-limit rollback.
+    /// A copy of `update` rather than a shared core, so the single-limit
+    /// path keeps its exact shape.
+    #[inline]
+    pub(crate) fn charge<A: Algorithm>(
+        &self,
+        algorithm: &A,
+        now: u64,
+        cost: u64,
+    ) -> Result<(Decision, Option<Charge>), Tombstoned> {
+        let mut current = self.state.load(Ordering::Relaxed);
+        loop {
+            if current == TOMBSTONE {
+                return Err(Tombstoned);
+            }
+            let step = algorithm.decide(current, now, cost);
+            let Some(next) = step.next else {
+                return Ok((step.decision, None));
+            };
+            debug_assert_ne!(next, TOMBSTONE, "an algorithm produced the tombstone");
+            // Weak and Relaxed, as in `update`.
+            match self.state.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    let charge = Charge { now, after: next };
+                    return Ok((step.decision, Some(charge)));
+                }
                 Err(actual) => {
                     count_retry();
                     current = actual;

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use crate::algorithm::Algorithm;
-use crate::cell::Cell;
+use crate::cell::{Cell, Charge};
 use crate::clock::{Clock, DefaultClock};
 use crate::error::CostError;
 use crate::{Decision, Gcra, Quota};
@@ -180,6 +180,33 @@ impl<C: Clock> DirectLimiter<C, Gcra> {
             self.cell.modify(|tat| algorithm.refunded(tat, now, n)),
             Ok(Some(_))
         ))
+    }
+
+    /// A check of cost `n` (already checked) that also reports the
+    /// admission it made, for the multi-limit rollback.
+    pub(crate) fn charge(&self, n: u64) -> (Decision, Option<Charge>) {
+        let now = self.clock.now();
+        match self.cell.charge(&self.algorithm, now, n) {
+            Ok(charged) => charged,
+            // A direct limiter has no evictor, so its cell is never claimed.
+            Err(_) => unreachable!("a direct limiter's cell is never tombstoned"),
+        }
+    }
+
+    /// Takes the admission `charge` of cost `n` out again (see
+    /// `crate::multi`). Returns whether the state had moved since the
+    /// charge (another admission or rollback landed in between).
+    pub(crate) fn roll_back(&self, charge: &Charge, n: u64) -> bool {
+        let algorithm = &self.algorithm;
+        let clock = &self.clock;
+        let raced = std::cell::Cell::new(false);
+        let _ = self.cell.modify(|tat| {
+            raced.set(tat != charge.after);
+            // Read after the state: every admission in `tat` read the
+            // clock no later than this.
+            algorithm.rolled_back(tat, charge, clock.now(), n)
+        });
+        raced.get()
     }
 
     /// Changes the quota, keeping what was spent: the TAT (the time the

@@ -16,6 +16,7 @@
 use std::num::NonZeroU64;
 
 use crate::algorithm::{sealed, Algorithm, Step, TOMBSTONE};
+use crate::cell::Charge;
 use crate::error::CostError;
 use crate::{Decision, Quota};
 
@@ -77,6 +78,28 @@ impl Gcra {
         // cost <= burst, so the product is at most tau: it fits.
         let back = cost.min(self.burst.get()) * self.interval.get();
         Some(tat.saturating_sub(back).max(now))
+    }
+
+    /// The state after taking the admission `charge` of `cost` tokens out
+    /// of a bucket whose state is now `tat`, at `now` (a reading taken
+    /// after `tat` was loaded): `min(tat, tat - cost*T + (now - charge.now))`.
+    /// `None` when that leaves the state as it is. Why this and not a plain
+    /// refund is the proof in `crate::multi`.
+    pub(crate) fn rolled_back(
+        &self,
+        tat: u64,
+        charge: &Charge,
+        now: u64,
+        cost: u64,
+    ) -> Option<u64> {
+        if tat == TOMBSTONE {
+            return None;
+        }
+        // cost <= burst, so the product is at most tau: it fits.
+        let back = cost.min(self.burst.get()) * self.interval.get();
+        let elapsed = now.saturating_sub(charge.now);
+        let next = tat.saturating_sub(back).saturating_add(elapsed).min(tat);
+        (next != tat).then_some(next)
     }
 
     /// The state a bucket of `tat` takes under this (new) quota at `now`:

@@ -89,7 +89,7 @@ use std::hash::Hash;
 use std::marker::PhantomData;
 
 use crate::algorithm::Algorithm;
-use crate::cell::Tombstoned;
+use crate::cell::{Charge, Tombstoned};
 use crate::clock::{Clock, DefaultClock};
 use crate::error::CostError;
 use crate::map::{Map, Node, Pinned};
@@ -111,8 +111,9 @@ pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
 /// How `admit` dealt with a missing key.
 enum Admitted<'p, K> {
-    /// Inserted, with this request decided on its fresh bucket.
-    Inserted(Decision),
+    /// Inserted, with this request decided on its fresh bucket (and the
+    /// admission it made there, if it admitted).
+    Inserted(Decision, Option<Charge>),
     /// Another thread inserted it first: decide on its node.
     Found(&'p Node<K>),
     /// The overflow policy keeps it out; decide at this reading.
@@ -278,7 +279,7 @@ where
             let node = match map.find(hash, key) {
                 Some(node) => node,
                 None => match self.admit(&map, hash, key, now, cost, algorithm, &idle) {
-                    Admitted::Inserted(decision) => return decision,
+                    Admitted::Inserted(decision, _) => return decision,
                     Admitted::Found(node) => node,
                     Admitted::Refused(now) => return self.overflow_decision(algorithm, now, cost),
                 },
@@ -342,7 +343,8 @@ where
                 let state = fresh.next.unwrap_or(0);
                 let (node, inserted) = map.insert(hash, key, || key.to_owned(), state, idle);
                 if inserted {
-                    return Admitted::Inserted(fresh.decision);
+                    let charge = fresh.next.map(|after| Charge { now, after });
+                    return Admitted::Inserted(fresh.decision, charge);
                 }
                 map.unreserve();
                 return Admitted::Found(node);

@@ -5,49 +5,98 @@
 //!
 //! The limits live in separate cells, one word each, so no single CAS
 //! covers them. A check of cost `n` charges them in order, each with its
-//! own ordinary check (one CAS). If limit `i` denies, the charges already
-//! made on limits `0..i` are rolled back with a refund of `n`
-//! (`TAT := max(TAT - n*T, now)`, one CAS each) and the request is denied:
-//! no limit keeps a token of a denied request. When all admit, the request
-//! is admitted.
+//! own ordinary check (one CAS, at its own clock reading `t`). If limit `i`
+//! denies, the charges already made on limits `0..i` are rolled back and
+//! the request is denied; when all admit, the request is admitted.
 //!
-//! **Claim.** While the clock does not move during a check (a frozen clock,
-//! or checks that do not overlap in time), the requests a limit admits for
-//! good (charged and never rolled back) are exactly a sequence that the
-//! limit alone would admit: no interleaving admits more than any single
-//! limit allows.
+//! The rollback of one charge is one CAS loop on that limit's cell: with
+//! `c` the state it finds and `t_r` a clock reading taken after loading
+//! `c`,
 //!
-//! **Proof sketch** (one limit, one instant `t`). GCRA's TAT after a run of
-//! charges is `max(TAT, t) + sum(n*T)`, a sum of the charges' costs laid end
-//! to end after `max(TAT, t)`. At one instant the order of the terms does
-//! not matter, and a charge still outstanding at `t` contributes exactly
-//! `n*T` to the TAT, so the TAT is always at least `t` plus the cost of
-//! every outstanding charge. Subtracting `n*T` for a charge being rolled
-//! back therefore leaves the TAT at `t` plus the costs of the others: the
-//! TAT the limit would hold had that charge never been made. Each charge
-//! admitted for good was admitted against a TAT at least as large as the
-//! one without the rolled-back charges, so the limit alone, seeing only the
-//! charges admitted for good, admits each of them too. The stress test and
-//! the loom model in `loom-tests/` check this with four threads and every
-//! interleaving of two.
+//! ```text
+//! TAT := min(c, c - n*T + (t_r - t))
+//! ```
 //!
-//! **When time moves during a check, the claim is not proven.** Removing a
-//! rolled-back charge shifts every later charge back by its cost, but a
-//! later charge that read a later time would, without the rolled-back
-//! one, have started at its own arrival instead. The interleaving found:
-//! two checks charge the first limit at `t`, the first is rolled back
-//! (exact), a third check reading `t + d` charges on top of the second,
-//! then the second is rolled back: the limit is left with `d` more
-//! headroom (`d / T` of a token) than the admitted requests allow. `d` is
-//! at most the time between the second check's clock reading and its
-//! rollback (nanoseconds to microseconds on a real clock, against emission
-//! intervals of milliseconds and more), so each such race can admit a
-//! small fraction of a token early, and only when a request races two
-//! denied ones on the same key. The Redis multi-limit check has
-//! no such gap: one script decides every limit at once. The other way,
-//! a check that meets a charge about to be rolled back may be denied where
-//! a one-word scheme would have admitted it: conservative, and only while
-//! another request is between its charge and its rollback.
+//! A plain refund (`c - n*T`) on a frozen clock; on a moving clock it gives
+//! back `n*T` less the time the check took, and never more than `n*T`.
+//!
+//! **Claim.** The requests a limit admits for good (charged and never
+//! rolled back) are a sequence that the limit alone would admit, fed those
+//! requests in the order their charges landed, at their own readings: no
+//! interleaving admits more than any single limit allows.
+//!
+//! **Assumption.** The clock is monotonic across threads: a reading taken
+//! after another (in real time) is not smaller. A thread that reads the
+//! clock and then stores a state, and a thread that loads that state and
+//! then reads the clock, see the readings in that order. A clock whose
+//! threads disagree by up to `δ` loosens the claim by `δ/T` of a token per
+//! rollback, as it loosens a single limit's decisions (see [`clock`]).
+//!
+//! [`clock`]: crate::clock
+//!
+//! **Proof.** One limit, emission interval `T`. An admission of cost `m`
+//! at reading `u` maps the state `x` to `a(x) = max(x, u) + m*T`: monotone
+//! (a larger state stays larger) and growing by at least `m*T`. A
+//! composition of such maps is `h(x) = max(x + S, G)` where `S` is the sum
+//! of their `m*T` and `G = max_j(u_j + S_j)`, `S_j` the costs from map `j`
+//! on.
+//!
+//! Call *ideal* the state of a cell that saw only the charges still in it
+//! (made and not rolled back yet), each at its reading, in the order they
+//! landed. The invariant: the real state is at least the ideal one
+//! (compared as buckets at the present instant, where every state at or
+//! before now is the same full bucket).
+//!
+//! - An admission applies the same monotone map to both: kept.
+//! - A rollback of a charge `X` (cost `n`, reading `t`) finds `c`. Let
+//!   `J_p` be the ideal state just before `X`'s place, and `h` the
+//!   composition of the charges after it (sum `S`, term `G`). The ideal
+//!   with `X` is `J = h(max(J_p, t) + n*T)`, without it `J' = h(J_p) =
+//!   max(J_p + S, G)`. By the invariant `c >= J`, so
+//!   - `J_p + S <= J - n*T <= c - n*T` (as `h(x) >= x + S`);
+//!   - every charge after `X` in `c` read the clock before its store, so
+//!     before our load of `c`, so `u_j <= t_r` and `G <= t_r + S`; and
+//!     `J >= t + n*T + S`, so `S <= c - t - n*T`, hence
+//!     `G <= c - n*T + (t_r - t)`;
+//!   - and `J' <= J <= c` (`h` is monotone).
+//!
+//!   So `J' <= min(c, c - n*T + (t_r - t))`, the state written: kept.
+//!   (If instead `c < J`, the invariant says both are at or before `t_r`,
+//!   and so is `J' <= J`: any state written is at least that full
+//!   bucket.)
+//!
+//! At the end the real state is at least the ideal state of the charges
+//! admitted for good. Each of them was admitted against a real state at
+//! least the ideal one of the charges in the cell then, which is at least
+//! the ideal one of those that stayed (fewer charges, monotone maps); the
+//! limit alone, deciding on that smaller state at the same reading and
+//! cost, admits it too. ∎
+//!
+//! The rule uses only `c`, `t` and `t_r`, deliberately. A rollback that
+//! restores the state its charge replaced when it finds the state its
+//! charge wrote (the "nobody built on it" case) is not safe: another
+//! rollback below it and an admission at a later reading can bring the
+//! state back to that value (ABA), and restoring then admits up to
+//! `(t_r - t)/T` of a token too much. Bounding `S` by `c - TAT1` (`TAT1`
+//! the state the charge wrote) fails the same way once a charge below `X`
+//! is rolled back first. The unit tests hold both counterexamples.
+//!
+//! **What it costs.** When the real state was exact, the state written
+//! exceeds `J'` by at most `t_r - t`: a denied check keeps at most the
+//! time it took itself, `(t_r - t)/T` of a token (nanoseconds to
+//! microseconds, against intervals of milliseconds and more), and only
+//! while the limit holds a backlog (a bucket that was full at `t` is
+//! exact). On a frozen clock `t_r = t` and the rollback is exact. The
+//! other way, a check that meets a charge about to be rolled back may be
+//! denied where a one-word scheme would have admitted it: conservative,
+//! and only while another request is between its charge and its
+//! rollback. The Redis multi-limit check has neither: one script decides
+//! every limit at once.
+//!
+//! The stress tests (a frozen clock with exact counts, and a moving clock
+//! that checks every limit's bound and that rollbacks raced), the model
+//! test of the rule in this file, and the loom model in `loom-tests/`
+//! check this.
 //!
 //! # The binding limit
 //!
@@ -59,9 +108,10 @@
 use std::borrow::Borrow;
 use std::hash::Hash;
 
+use crate::cell::Charge;
 use crate::clock::{Clock, DefaultClock};
 use crate::error::CostError;
-use crate::{Decision, DirectLimiter, KeyedLimiter, Quotas};
+use crate::{Decision, DirectLimiter, KeyedLimiter, Quotas, MAX_LIMITS};
 
 /// The answer to a check against several limits: the [`Decision`] of the
 /// binding limit, and which limit that is.
@@ -106,18 +156,30 @@ impl MultiDecision {
 }
 
 /// Charge-then-roll-back over `count` limits, see the module docs.
+/// `roll_back` returns whether the limit's state had moved since the
+/// charge (counted for the tests, which assert that the race happened).
 fn check_all(
     count: usize,
-    charge: impl Fn(usize) -> Decision,
-    roll_back: impl Fn(usize),
+    charge: impl Fn(usize) -> (Decision, Option<Charge>),
+    roll_back: impl Fn(usize, &Charge) -> bool,
     peek: impl Fn(usize) -> Decision,
 ) -> MultiDecision {
+    let mut charges = [None; MAX_LIMITS];
     let mut tightest: Option<MultiDecision> = None;
     for i in 0..count {
-        let decision = charge(i);
+        let (decision, charged) = charge(i);
         if decision.is_denied() {
-            (0..i).for_each(&roll_back);
+            for (j, charged) in charges.iter().enumerate().take(i) {
+                if let Some(charged) = charged {
+                    if roll_back(j, charged) {
+                        count_raced_rollback();
+                    }
+                }
+            }
             return longest_wait(count, i, decision, peek);
+        }
+        if let Some(slot) = charges.get_mut(i) {
+            *slot = charged;
         }
         if tightest.is_none_or(|t| decision.remaining() < t.decision.remaining()) {
             tightest = Some(MultiDecision {
@@ -132,6 +194,20 @@ fn check_all(
         decision: peek(0),
         binding: 0,
     })
+}
+
+/// Rollbacks that found the limit's state moved since their charge: read
+/// by the moving-clock stress test, which must see the race to mean
+/// anything. Test builds only; under loom a probe counts it instead.
+#[cfg(all(test, not(turnstile_loom)))]
+static RACED_ROLLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+#[inline]
+fn count_raced_rollback() {
+    #[cfg(all(test, not(turnstile_loom)))]
+    RACED_ROLLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    #[cfg(turnstile_loom)]
+    crate::probe::hit(&crate::probe::MULTI_ROLLBACK_RACED);
 }
 
 /// The denial with the longest wait among limit `denier`'s and the peeks
@@ -328,15 +404,10 @@ impl<C: Clock> MultiLimiter<C> {
     fn decide(&self, n: u64) -> MultiDecision {
         check_all(
             self.limits.len(),
-            // The cost was checked against the smallest burst: never an error.
-            |i| {
-                self.limits[i]
-                    .check_n(n)
-                    .unwrap_or_else(|_| self.peek_one(i, n))
-            },
-            |i| {
-                let _ = self.limits[i].refund(n);
-            },
+            // The cost was checked against the smallest burst: every limit
+            // can take it.
+            |i| self.limits[i].charge(n),
+            |i, charge| self.limits[i].roll_back(charge, n),
             |i| self.peek_one(i, n),
         )
     }
@@ -550,15 +621,10 @@ where
     {
         check_all(
             self.limits.len(),
-            // The cost was checked against the smallest burst: never an error.
-            |i| {
-                self.limits[i]
-                    .check_n(key, n)
-                    .unwrap_or_else(|_| self.peek_one(i, key, n))
-            },
-            |i| {
-                let _ = self.limits[i].refund(key, n);
-            },
+            // The cost was checked against the smallest burst: every limit
+            // can take it.
+            |i| self.limits[i].charge(key, n),
+            |i, charge| self.limits[i].roll_back(key, charge, n),
             |i| self.peek_one(i, key, n),
         )
     }
@@ -571,5 +637,255 @@ where
         self.limits[i]
             .peek_n(key, n)
             .unwrap_or_else(|_| self.limits[i].peek(key))
+    }
+}
+
+#[cfg(all(test, not(turnstile_loom)))]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::{Gcra, ManualClock, Quota};
+
+    /// The interval of the model limit, in nanoseconds.
+    const T: u64 = 1_000;
+
+    fn model_gcra() -> Gcra {
+        Gcra::new(
+            &Quota::with_period(Duration::from_nanos(T))
+                .unwrap()
+                .burst(64)
+                .unwrap(),
+        )
+    }
+
+    /// A rollback rule: (state found, the charge's reading, the state it
+    /// replaced, the state it wrote, rollback reading, cost) -> new state.
+    type Rule = fn(u64, u64, u64, u64, u64, u64) -> u64;
+
+    /// The rule this module uses.
+    fn ours(c: u64, t: u64, _before: u64, after: u64, t_r: u64, n: u64) -> u64 {
+        let charge = Charge { now: t, after };
+        model_gcra().rolled_back(c, &charge, t_r, n).unwrap_or(c)
+    }
+
+    /// A plain refund at the rollback's reading (the rule before this one).
+    fn refund(c: u64, _t: u64, _before: u64, _after: u64, t_r: u64, n: u64) -> u64 {
+        c.saturating_sub(n * T).max(t_r).min(c)
+    }
+
+    /// Restore the replaced state when the written one is found, else bound
+    /// the later admissions by `c - TAT1` (rejected: see the module docs).
+    fn restore_or_shift(c: u64, _t: u64, before: u64, after: u64, t_r: u64, n: u64) -> u64 {
+        if c == after {
+            return before;
+        }
+        c.min(c.saturating_sub(n * T).max(t_r + c.saturating_sub(after)))
+    }
+
+    #[derive(Clone, Copy, Debug)]
+    enum Op {
+        /// Move the clock on by this much.
+        Advance(u64),
+        /// A charge of this cost (admitted if the limit admits it).
+        Charge(u64),
+        /// Roll back the outstanding charge at this position (modulo).
+        RollBack(usize),
+    }
+
+    /// Runs `ops` on one limit with `rule`, checking after each step that
+    /// the real state is at least the ideal one (that of the charges still
+    /// in the cell, each at its reading, in landing order), as buckets at
+    /// the present instant. Returns the first violation. On a frozen clock
+    /// with `exact`, also checks that the two are equal.
+    fn run(rule: Rule, ops: &[Op], exact: bool) -> Result<(), String> {
+        let gcra = model_gcra();
+        let (mut now, mut state) = (0u64, 0u64);
+        // (reading, cost, replaced, written), in landing order.
+        let mut charges: Vec<(u64, u64, u64, u64)> = Vec::new();
+        let mut outstanding: Vec<usize> = Vec::new();
+        let mut removed = vec![false; ops.len()];
+        for (step, op) in ops.iter().enumerate() {
+            match *op {
+                Op::Advance(d) => now += d,
+                Op::Charge(n) => {
+                    if let Some(next) = gcra.check(state, now, n).unwrap().next {
+                        outstanding.push(charges.len());
+                        charges.push((now, n, state, next));
+                        state = next;
+                    }
+                }
+                Op::RollBack(i) if !outstanding.is_empty() => {
+                    let k = outstanding.remove(i % outstanding.len());
+                    let (t, n, before, after) = charges[k];
+                    removed[k] = true;
+                    state = rule(state, t, before, after, now, n);
+                }
+                Op::RollBack(_) => {}
+            }
+            let ideal = charges
+                .iter()
+                .enumerate()
+                .filter(|(k, _)| !removed[*k])
+                .fold(0, |x, (_, &(u, m, _, _))| x.max(u) + m * T);
+            let (real, ideal) = (state.max(now), ideal.max(now));
+            if real < ideal || (exact && real != ideal) {
+                return Err(format!(
+                    "after step {step} ({op:?}) at {now}: state {real}, ideal {ideal}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A charge below ours is rolled back first, then an admission at a
+    /// later reading lands on the bucket our charge had left.
+    const BELOW_FIRST: &[Op] = &[
+        Op::Charge(1),   // A at 0
+        Op::Charge(1),   // X at 0, on top of A
+        Op::RollBack(0), // A rolled back
+        Op::Advance(1_500),
+        Op::Charge(1),   // B at 1500
+        Op::RollBack(0), // X rolled back
+    ];
+
+    /// The state comes back to the one our charge wrote (ABA): another
+    /// rollback below it, then an admission at a later reading.
+    const ABA: &[Op] = &[
+        Op::Charge(1), // W at 0, for good
+        Op::Advance(800),
+        Op::Charge(1),   // A at 800
+        Op::Charge(1),   // X at 800
+        Op::RollBack(1), // A
+        Op::Advance(1_000),
+        Op::Charge(1),   // B at 1800: lands on the state X wrote
+        Op::RollBack(1), // X finds that state
+    ];
+
+    #[test]
+    fn the_rollback_survives_the_interleavings_that_break_the_others() {
+        for (name, ops) in [("below first", BELOW_FIRST), ("aba", ABA)] {
+            assert_eq!(run(ours, ops, false), Ok(()), "{name}");
+            assert!(run(refund, ops, false).is_err(), "{name}: refund");
+            assert!(
+                run(restore_or_shift, ops, false).is_err(),
+                "{name}: restore or shift"
+            );
+        }
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            2 => (0u64..=1_500).prop_map(Op::Advance),
+            4 => (1u64..=3).prop_map(Op::Charge),
+            3 => (0usize..8).prop_map(Op::RollBack),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 4_000, ..ProptestConfig::default() })]
+
+        /// Any interleaving of charges, rollbacks and clock moves on one
+        /// limit leaves it at least as full as the charges still in it.
+        #[test]
+        fn no_interleaving_leaves_more_room_than_the_charges_kept(
+            ops in prop::collection::vec(op(), 1..80),
+        ) {
+            prop_assert_eq!(run(ours, &ops, false), Ok(()));
+        }
+
+        /// On a frozen clock the rollback is exact.
+        #[test]
+        fn a_frozen_clock_rolls_back_exactly(
+            ops in prop::collection::vec(prop_oneof![
+                4 => (1u64..=3).prop_map(Op::Charge),
+                3 => (0usize..8).prop_map(Op::RollBack),
+            ], 1..80),
+        ) {
+            prop_assert_eq!(run(ours, &ops, true), Ok(()));
+        }
+    }
+
+    /// Three threads check one key (and one direct limiter) against two
+    /// limits while a fourth moves the clock on in small steps: the second
+    /// limit (burst 1) denies most checks after the first has charged, so
+    /// rollbacks race admissions at later readings. Every limit admits at
+    /// most `burst + t/T` over `[0, t]`, and rollbacks did race.
+    #[test]
+    fn a_moving_clock_never_admits_more_than_any_limit() {
+        const THREADS: usize = 3;
+        const STEP: u64 = 250;
+        let quota = |ns: u64, burst: u64| {
+            Quota::with_period(Duration::from_nanos(ns))
+                .unwrap()
+                .burst(burst)
+                .unwrap()
+        };
+        let raced_before = RACED_ROLLBACKS.load(Ordering::Relaxed);
+        for (first, second) in [
+            (quota(1_000, 4), quota(800, 1)),
+            (quota(2_000, 8), quota(1_000, 2)),
+        ] {
+            for _round in 0..10 {
+                let quotas = Quotas::new(vec![first, second]).unwrap();
+                let max_cost = quotas.min_burst().min(2);
+                let clock = ManualClock::new();
+                let direct = MultiLimiter::with_clock(quotas.clone(), clock.clone());
+                let keyed = KeyedMultiLimiter::<u64, _>::with_clock(quotas.clone(), clock.clone());
+                let done = AtomicBool::new(false);
+                let admitted: Vec<(u64, u64)> = std::thread::scope(|s| {
+                    let ticker = s.spawn(|| {
+                        while !done.load(Ordering::Relaxed) {
+                            clock.advance(Duration::from_nanos(STEP));
+                            for _ in 0..50 {
+                                std::hint::spin_loop();
+                            }
+                        }
+                    });
+                    let workers: Vec<_> = (0..THREADS)
+                        .map(|w| {
+                            let (direct, keyed) = (&direct, &keyed);
+                            s.spawn(move || {
+                                let (mut a, mut b) = (0, 0);
+                                for i in 0..20_000u64 {
+                                    let n = if (i + w as u64) % 3 == 0 { max_cost } else { 1 };
+                                    if direct.check_n(n).unwrap().is_allowed() {
+                                        a += n;
+                                    }
+                                    if keyed.check_n(&7, n).unwrap().is_allowed() {
+                                        b += n;
+                                    }
+                                }
+                                (a, b)
+                            })
+                        })
+                        .collect();
+                    let admitted = workers.into_iter().map(|w| w.join().unwrap()).collect();
+                    done.store(true, Ordering::Relaxed);
+                    ticker.join().unwrap();
+                    admitted
+                });
+                // Every admission read the clock no later than this.
+                let elapsed = clock.now();
+                let direct_total: u64 = admitted.iter().map(|a| a.0).sum();
+                let keyed_total: u64 = admitted.iter().map(|a| a.1).sum();
+                for q in [first, second] {
+                    let bound = q.burst_size() + elapsed / q.interval_nanos();
+                    assert!(
+                        direct_total <= bound,
+                        "direct: {direct_total} > {bound} ({q:?})"
+                    );
+                    assert!(
+                        keyed_total <= bound,
+                        "keyed: {keyed_total} > {bound} ({q:?})"
+                    );
+                }
+            }
+        }
+        let raced = RACED_ROLLBACKS.load(Ordering::Relaxed) - raced_before;
+        assert!(raced > 0, "no rollback met a state moved since its charge");
     }
 }

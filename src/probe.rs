@@ -78,6 +78,9 @@ pub static ROOT_SWUNG_BY_HELPER: Probe = Probe::new();
 pub static CHUNKS_COPIED_BY_TWO_THREADS: Probe = Probe::new();
 /// A migration dropped a dead node and handed it to the epoch.
 pub static NODE_DROPPED: Probe = Probe::new();
+/// A multi-limit rollback found the limit's state moved since its charge
+/// (another check charged or rolled back in between).
+pub static MULTI_ROLLBACK_RACED: Probe = Probe::new();
 /// A new key looked for room while another new key was doing the same.
 pub static CONCURRENT_ADMITS: Probe = Probe::new();
 /// Admissions in flight (for [`CONCURRENT_ADMITS`]).

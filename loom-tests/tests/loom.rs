@@ -371,6 +371,38 @@ fn multi_rollback_meets_a_racing_charge() {
     );
 }
 
+/// (k2) Several limits, two rollbacks racing each other: both checks
+/// charge the first limit (it has room for both), the second limit denies
+/// both, and each rolls its charge back. The race: a rollback finds the
+/// first limit's state moved since its charge (the other check charged on
+/// top of it, or rolled back below it). On loom's frozen clock the
+/// rollback must be exact: in every interleaving the first limit ends with
+/// exactly the one admitted token taken.
+#[test]
+fn multi_rollbacks_race_each_other() {
+    model(|| {
+        // First limit: burst 3, 2 h a token; second: burst 1, 1 h a token.
+        let quotas: Quotas = "1/2h burst 3; 1/h burst 1".parse().unwrap();
+        let limiter = Arc::new(MultiLimiter::with_clock(quotas, ManualClock::new()));
+        assert!(limiter.check().is_allowed());
+        let other = limiter.clone();
+        let a = spawn(move || other.check());
+        let b = limiter.check();
+        let a = a.join().unwrap();
+        assert!(a.is_denied() && b.is_denied());
+        let first = limiter.limits()[0].peek();
+        assert_eq!(
+            first.remaining(),
+            1,
+            "a rolled-back charge leaked or was lost"
+        );
+    });
+    reached(
+        &probe::MULTI_ROLLBACK_RACED,
+        "a rollback finding the state moved since its charge",
+    );
+}
+
 /// (l) A refund racing a check on the last token: a check that lands
 /// between another's check and its refund is denied (the race), and in
 /// every interleaving the bucket ends holding exactly the tokens not given

@@ -7,12 +7,13 @@
 use std::borrow::Borrow;
 use std::hash::Hash;
 
-use super::KeyedLimiter;
+use super::{Admitted, KeyedLimiter};
 use crate::algorithm::{Algorithm, TOMBSTONE};
-use crate::cell::Tombstoned;
+use crate::cell::{Charge, Tombstoned};
 use crate::clock::Clock;
 use crate::error::CostError;
 use crate::stats::{Event, Stats};
+use crate::sync::Ordering;
 use crate::{Decision, Gcra, Quota};
 
 impl<K, C, A> KeyedLimiter<K, C, A>
@@ -325,5 +326,79 @@ where
             // Evicted (or reset) since `find`: full from then on.
             Err(Tombstoned) => false,
         }
+    }
+}
+
+impl<K, C> KeyedLimiter<K, C, Gcra>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    C: Clock,
+{
+    /// A check of cost `n` (already checked) for `key` that also reports
+    /// the admission it made, for the multi-limit rollback: `decide` with
+    /// `Cell::charge` in place of `Cell::update`, kept apart so the
+    /// single-limit path is not touched.
+    pub(crate) fn charge<Q>(&self, key: &Q, n: u64) -> (Decision, Option<Charge>)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        let algorithm = &self.algorithm;
+        let now = self.clock.now();
+        let hash = self.map.hash(key);
+        let map = self.map.pin();
+        let idle = |state| algorithm.is_idle(state, now);
+        // Relaxed, as in `decide`.
+        let due = self.next_tick.load(Ordering::Relaxed);
+        if now >= due {
+            self.housekeep(&map, due, now, &idle);
+        }
+        loop {
+            let node = match map.find(hash, key) {
+                Some(node) => node,
+                None => match self.admit(&map, hash, key, now, n, algorithm, &idle) {
+                    Admitted::Inserted(decision, charge) => return (decision, charge),
+                    Admitted::Found(node) => node,
+                    // Untracked or refused: nothing was charged.
+                    Admitted::Refused(now) => {
+                        return (self.overflow_decision(algorithm, now, n), None)
+                    }
+                },
+            };
+            match node.cell.charge(algorithm, now, n) {
+                Ok(charged) => return charged,
+                // Evicted under our feet: the key is absent now; look again.
+                Err(Tombstoned) => continue,
+            }
+        }
+    }
+
+    /// Takes the admission `charge` of cost `n` on `key` out again (see
+    /// `crate::multi`). Returns whether the state had moved since the
+    /// charge (another admission or rollback landed in between).
+    ///
+    /// A key no longer tracked was evicted idle (its bucket refilled past
+    /// the charge, which has expired by itself) or reset (forgotten on
+    /// purpose): there is nothing to take out.
+    pub(crate) fn roll_back<Q>(&self, key: &Q, charge: &Charge, n: u64) -> bool
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        let hash = self.map.hash(key);
+        let map = self.map.pin();
+        let Some(node) = map.find(hash, key) else {
+            return true;
+        };
+        let (algorithm, clock) = (&self.algorithm, &self.clock);
+        let raced = std::cell::Cell::new(false);
+        // Tombstoned since `find`: as absent.
+        let _ = node.cell.modify(|tat| {
+            raced.set(tat != charge.after);
+            // Read after the state: every admission in `tat` read the
+            // clock no later than this.
+            algorithm.rolled_back(tat, charge, clock.now(), n)
+        });
+        raced.get()
     }
 }
