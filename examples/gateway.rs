@@ -1,7 +1,9 @@
 //! A gateway with per-route quotas from a TOML file, `/metrics` in
 //! Prometheus format, and logs through `tracing`. A route may have several
-//! quotas (one layer each, stacked: every policy shows in the headers) and
-//! may run in shadow mode (counted, never refused).
+//! quotas (one layer over a `KeyedMultiLimiter`: all or nothing, so a
+//! request one quota denies spends nothing of the others, and every policy
+//! shows in the headers) and may run in shadow mode (counted, never
+//! refused).
 //!
 //! ```text
 //! cargo run --release --example gateway --features tower -- examples/gateway.toml
@@ -29,7 +31,7 @@ use metrics_exporter_prometheus::PrometheusBuilder;
 use serde::Deserialize;
 use tracing_subscriber::EnvFilter;
 use turnstile::http::{ClientIp, HttpKey, KeyExtractor, OnBadKey, RateLimitLayer};
-use turnstile::{KeyedLimiter, Quota};
+use turnstile::{KeyedLimiter, KeyedMultiLimiter, Quota};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -96,8 +98,10 @@ fn key_extractor(route: &RouteConfig, client_ip: &ClientIp) -> Result<KeyExtract
     Ok(key.client_ip(client_ip.clone()).on_bad_key(on_bad_key))
 }
 
-/// The limiters behind the layers, by policy name, for the key gauges.
-type Limiters = Vec<(String, Arc<KeyedLimiter<HttpKey>>)>;
+/// The limiters behind the layers, by policy name, for the key gauges:
+/// each reads (live keys, most keys) of one limit.
+type Limiters = Vec<(String, Gauge)>;
+type Gauge = Box<dyn Fn() -> (usize, usize) + Send>;
 
 fn app(config: &Config, limited: bool) -> Result<(Router, Limiters), Error> {
     let mut limiters = Limiters::new();
@@ -118,38 +122,65 @@ fn app(config: &Config, limited: bool) -> Result<(Router, Limiters), Error> {
             return Err(format!("route {}: no quota", route.path).into());
         }
         let base = route.path.trim_start_matches('/');
-        let mut handler = handler;
-        for text in quotas {
-            let quota: Quota = text
-                .parse()
-                .map_err(|e| format!("route {}: {e}", route.path))?;
-            // One policy name per quota when a route has several, so each
-            // shows apart in the headers and the metrics.
-            let name = if quotas.len() == 1 {
-                base.to_owned()
-            } else {
-                format!("{base}:{text}")
-            };
+        let parsed = quotas
+            .iter()
+            .map(|text| text.parse::<Quota>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("route {}: {e}", route.path))?;
+        let key = key_extractor(route, &client_ip)?;
+        tracing::info!(
+            path = %route.path,
+            quota = %quotas.join("; "),
+            key = %route.key,
+            shadow = route.shadow,
+            "rate-limited route"
+        );
+        // `route_layer`: a method the route does not take (405) never
+        // reaches the limiter, so it spends no token.
+        let handler = if let [quota] = parsed[..] {
             let limiter = Arc::new(KeyedLimiter::<HttpKey>::new(quota));
-            limiters.push((name.clone(), Arc::clone(&limiter)));
+            let gauge = Arc::clone(&limiter);
+            limiters.push((
+                base.to_owned(),
+                Box::new(move || (gauge.len(), gauge.max_keys())),
+            ));
             let layer = RateLimitLayer::builder(limiter)
-                .name(name)
+                .name(base)
                 .route(route.path.as_str())
-                .key(key_extractor(route, &client_ip)?)
+                .key(key)
                 .x_ratelimit_headers(true)
                 .shadow(route.shadow)
                 .build()?;
-            tracing::info!(
-                path = %route.path,
-                %quota,
-                key = %route.key,
-                shadow = route.shadow,
-                "rate-limited route"
-            );
-            // `route_layer`: a method the route does not take (405) never
-            // reaches the limiter, so it spends no token.
-            handler = handler.route_layer(layer);
-        }
+            handler.route_layer(layer)
+        } else {
+            // Several quotas: one layer, all or nothing. One policy name per
+            // quota, so each shows apart in the headers and the gauges.
+            let names: Vec<String> = quotas.iter().map(|text| format!("{base}:{text}")).collect();
+            let limits =
+                turnstile::Quotas::new(parsed).map_err(|e| format!("route {}: {e}", route.path))?;
+            let limiter = Arc::new(KeyedMultiLimiter::<HttpKey>::new(limits));
+            for (i, name) in names.iter().enumerate() {
+                let gauge = Arc::clone(&limiter);
+                limiters.push((
+                    name.clone(),
+                    Box::new(move || {
+                        gauge
+                            .limits()
+                            .get(i)
+                            .map_or((0, 0), |limit| (limit.len(), limit.max_keys()))
+                    }),
+                ));
+            }
+            let layer = RateLimitLayer::builder(limiter)
+                .name(base)
+                .policy_names(names)
+                .route(route.path.as_str())
+                .key(key)
+                .x_ratelimit_headers(true)
+                .shadow(route.shadow)
+                .build()?;
+            handler.route_layer(layer)
+        };
         router = router.route(&route.path, handler);
     }
     Ok((router, limiters))
@@ -172,18 +203,19 @@ async fn key_gauges(limiters: Limiters) {
     );
     let gauges: Vec<_> = limiters
         .into_iter()
-        .map(|(name, limiter)| {
+        .map(|(name, read)| {
             let keys = metrics::gauge!("turnstile_keys", "limiter" => name.clone());
             let max = metrics::gauge!("turnstile_max_keys", "limiter" => name);
-            (limiter, keys, max)
+            (read, keys, max)
         })
         .collect();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
-        for (limiter, keys, max) in &gauges {
-            keys.set(limiter.len() as f64);
-            max.set(limiter.max_keys() as f64);
+        for (read, keys, max) in &gauges {
+            let (live, most) = read();
+            keys.set(live as f64);
+            max.set(most as f64);
         }
     }
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The rate-limit layer's overhead: the example gateway under wrk, without
 # the layer (`--no-limit`), with one limit on the route, and with two limits
-# (two stacked layers), on loopback, bounded in time.
+# (one layer over a KeyedMultiLimiter), on loopback, bounded in time.
 #
 #   scripts/http_overhead.sh            # 2 rounds x 5 s x 6 runs: about 70 s
 #   SECONDS_PER_RUN=10 ROUNDS=3 CONNECTIONS="1 64" scripts/http_overhead.sh
@@ -59,6 +59,6 @@ for round in $(seq "$rounds"); do
     for c in $conns; do
         run "round $round: without the layer" "$c" /api --no-limit
         run "round $round: with one limit" "$c" /api
-        run "round $round: with two limits (two layers)" "$c" /two
+        run "round $round: with two limits (one layer)" "$c" /two
     done
 done

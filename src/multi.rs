@@ -155,6 +155,18 @@ impl MultiDecision {
     }
 }
 
+/// A single limit's decision as the answer of a list of one limit (the
+/// binding limit is limit 0): how one-limit limiters answer the HTTP
+/// layer's `Limiter` trait, which speaks in [`MultiDecision`]s.
+impl From<Decision> for MultiDecision {
+    fn from(decision: Decision) -> Self {
+        MultiDecision {
+            decision,
+            binding: 0,
+        }
+    }
+}
+
 /// Charge-then-roll-back over `count` limits, see the module docs.
 /// `roll_back` returns whether the limit's state had moved since the
 /// charge (counted for the tests, which assert that the race happened).

@@ -70,6 +70,12 @@ impl Quotas {
         &self.quotas
     }
 
+    /// The first quota.
+    pub fn first(&self) -> Quota {
+        // Invariant: never empty, so this never indexes out of bounds.
+        self.quotas[0]
+    }
+
     /// How many quotas (at least 1).
     #[allow(clippy::len_without_is_empty)] // never empty, by construction
     pub fn len(&self) -> usize {

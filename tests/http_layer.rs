@@ -14,7 +14,7 @@ use reqwest::header::HeaderValue;
 use turnstile::http::{
     ClientIp, HttpKey, KeyExtractor, Limiter, OnBadKey, OnLimiterError, RateLimitLayer,
 };
-use turnstile::{Decision, KeyedLimiter, ManualClock, Quota};
+use turnstile::{KeyedLimiter, KeyedMultiLimiter, ManualClock, MultiDecision, Quota};
 
 #[path = "support/http_server.rs"]
 mod http_server;
@@ -394,7 +394,7 @@ struct StoreDown;
 
 impl Limiter for Down {
     type Error = StoreDown;
-    type Future = Ready<Result<Decision, StoreDown>>;
+    type Future = Ready<Result<MultiDecision, StoreDown>>;
 
     fn check(&self, _key: &HttpKey) -> Self::Future {
         ready(Err(StoreDown))
@@ -841,4 +841,98 @@ async fn x_real_ip_counts_only_when_on_and_from_trusted_proxies() {
         &[(a, StatusCode::OK), (b, StatusCode::TOO_MANY_REQUESTS)],
     )
     .await;
+}
+
+/// One layer, two limits (`2/s burst 2; 3/min`), all or nothing: both
+/// policies in `RateLimit-Policy`, the binding one in `RateLimit`, and
+/// `Retry-After` and the body naming the one that denied. A request the
+/// second limit denies spends nothing of the first.
+#[tokio::test]
+async fn one_layer_enforces_two_limits_and_names_the_binding_one() {
+    let clock = ManualClock::new();
+    let limiter = KeyedMultiLimiter::<HttpKey, _>::with_clock(
+        "2/s burst 2; 3/min".parse().expect("quotas"),
+        clock.clone(),
+    );
+    let layer = RateLimitLayer::builder(limiter)
+        .name("search")
+        .key(api_key())
+        .build()
+        .expect("layer");
+    let peek_first = {
+        let layer = layer.clone();
+        move || layer.limiter().limits()[0].peek(&HttpKey::from("k1"))
+    };
+    let app = Router::new().route("/", get(|| async { "hello" }).route_layer(layer));
+    let url = serve(app).await;
+    let k1: &[(&str, &[u8])] = &[("x-api-key", b"k1")];
+    let policy = "\"search-0\";q=2;w=1, \"search-1\";q=3;w=60";
+
+    // Two admitted: the first limit (one token per 500 ms) binds.
+    for rate in ["\"search-0\";r=1;t=1", "\"search-0\";r=0;t=1"] {
+        let response = get_with(&url, k1).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(header(&response, "ratelimit-policy"), Some(policy));
+        assert_eq!(header(&response, "ratelimit"), Some(rate));
+    }
+    // The first limit denies.
+    let denied = get_with(&url, k1).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&denied, "ratelimit-policy"), Some(policy));
+    assert_eq!(header(&denied, "ratelimit"), Some("\"search-0\";r=0;t=1"));
+    assert_eq!(header(&denied, "retry-after"), Some("1"));
+    let body: serde_json::Value = denied.json().await.expect("json");
+    assert_eq!(body["policy"], "search-0");
+
+    // A second later the first limit is full again; the second has one
+    // token left (one per 20 s), this request takes it, and it binds.
+    clock.advance(Duration::from_secs(1));
+    let response = get_with(&url, k1).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        header(&response, "ratelimit"),
+        Some("\"search-1\";r=0;t=59")
+    );
+    let before = peek_first();
+    assert!(before.is_allowed());
+
+    // The second limit denies: it binds everywhere, and the first limit
+    // kept nothing of the denied request.
+    let denied = get_with(&url, k1).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&denied, "ratelimit-policy"), Some(policy));
+    assert_eq!(header(&denied, "ratelimit"), Some("\"search-1\";r=0;t=59"));
+    assert_eq!(header(&denied, "retry-after"), Some("19"));
+    let body: serde_json::Value = denied.json().await.expect("json");
+    assert_eq!(body["policy"], "search-1");
+    assert_eq!(body["retry_after"], 19);
+    assert_eq!(
+        peek_first(),
+        before,
+        "the denied request burnt a token of the first limit"
+    );
+    // Once the second limit has a token again, requests pass.
+    clock.advance(Duration::from_secs(19));
+    let response = get_with(&url, k1).await;
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+/// Names per policy, and a count that does not match the limiter's.
+#[test]
+fn policy_names_must_match_the_quotas() {
+    let limiter = || KeyedMultiLimiter::<HttpKey>::new("10/s; 100/h".parse().expect("quotas"));
+    assert!(RateLimitLayer::builder(limiter())
+        .policy_names(["burst", "hourly"])
+        .build()
+        .is_ok());
+    let error = RateLimitLayer::builder(limiter())
+        .policy_names(["only-one"])
+        .build()
+        .expect_err("one name for two quotas");
+    assert!(
+        error
+            .to_string()
+            .contains("1 policy names for a limiter of 2 quotas"),
+        "{error}"
+    );
 }

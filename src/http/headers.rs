@@ -66,44 +66,57 @@ pub fn sf_string(name: &str) -> Result<String, String> {
     Ok(out)
 }
 
-/// Which headers a layer writes, precomputed for one policy.
+/// Which headers a layer writes, precomputed for its policies.
 #[derive(Clone, Debug)]
 pub(crate) struct HeaderSet {
-    /// The quoted policy name.
-    name: String,
-    /// `RateLimit-Policy`, or `None` when the IETF fields are off.
+    /// The quoted policy names, one per limit.
+    names: Vec<String>,
+    /// `RateLimit-Policy` (every policy, as one list), or `None` when the
+    /// IETF fields are off.
     policy: Option<HeaderValue>,
     x_trio: bool,
 }
 
 impl HeaderSet {
-    /// `name` must already be an sf-string ([`sf_string`]).
-    pub(crate) fn new(name: String, quota: &Quota, ietf: bool, x_trio: bool) -> Self {
-        let window = ceil_secs(quota.period()).max(1);
-        let policy = format!("{name};q={};w={window}", quota.count());
+    /// `policies` are (name, quota) pairs whose names are already
+    /// sf-strings ([`sf_string`]).
+    pub(crate) fn new(policies: Vec<(String, Quota)>, ietf: bool, x_trio: bool) -> Self {
+        let policy = policies
+            .iter()
+            .map(|(name, quota)| {
+                let window = ceil_secs(quota.period()).max(1);
+                format!("{name};q={};w={window}", quota.count())
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
         HeaderSet {
             policy: ietf.then(|| HeaderValue::from_str(&policy).ok()).flatten(),
-            name,
+            names: policies.into_iter().map(|(name, _)| name).collect(),
             x_trio,
         }
     }
 
-    /// Writes the rate-limit fields for `decision` (not `Retry-After`:
-    /// see [`write_retry_after`]).
+    /// Writes the rate-limit fields for `decision`, the decision of the
+    /// policy at `binding` (not `Retry-After`: see [`write_retry_after`]).
     ///
-    /// `RateLimit-Policy` and `RateLimit` are lists in the draft: each
-    /// layer **appends** its own item, so two stacked layers (two
+    /// `RateLimit-Policy` and `RateLimit` are lists in the draft. One layer
+    /// of several limits lists every policy in `RateLimit-Policy` and the
+    /// binding one in `RateLimit` (the others' state is not what decided).
+    /// Each layer **appends** its own items, so two stacked layers (two
     /// policies) both show, each under its own name, and the denying one's
     /// item is the one with `r=0`. The `X-RateLimit-*` trio holds one
     /// policy only: the one with the fewest requests left (the binding
     /// one) wins, so stacked layers never mix two policies' numbers.
-    pub(crate) fn write(&self, decision: &Decision, headers: &mut HeaderMap) {
+    pub(crate) fn write(&self, decision: &Decision, binding: usize, headers: &mut HeaderMap) {
         let remaining = decision.remaining();
         let reset = ceil_secs(decision.reset_after());
-        if let Some(policy) = &self.policy {
+        // A binding index out of range (a limiter answering for a policy it
+        // did not list) falls back to the first name rather than failing.
+        let name = self.names.get(binding).or(self.names.first());
+        if let (Some(policy), Some(name)) = (&self.policy, name) {
             headers.append(RATELIMIT_POLICY, policy.clone());
-            let mut value = String::with_capacity(self.name.len() + 24);
-            let _ = write!(value, "{};r={remaining};t={reset}", self.name);
+            let mut value = String::with_capacity(name.len() + 24);
+            let _ = write!(value, "{name};r={remaining};t={reset}");
             if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
                 headers.append(RATELIMIT, value);
             }
@@ -152,9 +165,27 @@ mod tests {
 
     #[test]
     fn policy_window_is_whole_seconds() {
-        let set = |q: &str| HeaderSet::new("\"p\"".into(), &q.parse().unwrap(), true, false);
+        let set = |q: &str| HeaderSet::new(vec![("\"p\"".into(), q.parse().unwrap())], true, false);
         assert_eq!(set("100/min").policy.unwrap(), "\"p\";q=100;w=60");
         assert_eq!(set("3/1.5s").policy.unwrap(), "\"p\";q=3;w=2");
         assert_eq!(set("10/ms").policy.unwrap(), "\"p\";q=10;w=1");
+    }
+
+    #[test]
+    fn several_policies_make_one_list() {
+        let policies = vec![
+            ("\"a\"".into(), "10/s".parse().unwrap()),
+            ("\"b\"".into(), "1000/h".parse().unwrap()),
+        ];
+        let set = HeaderSet::new(policies, true, false);
+        assert_eq!(
+            set.policy.clone().unwrap(),
+            "\"a\";q=10;w=1, \"b\";q=1000;w=3600"
+        );
+        let mut headers = HeaderMap::new();
+        let decision = crate::DirectLimiter::new("1000/h".parse().unwrap()).check();
+        set.write(&decision, 1, &mut headers);
+        let rate = headers.get(RATELIMIT).unwrap().to_str().unwrap();
+        assert!(rate.starts_with("\"b\";r=999;"), "{rate}");
     }
 }

@@ -17,7 +17,7 @@ use super::headers::{self, HeaderSet};
 use super::key::{KeyExtractor, RequestParts};
 use super::rejection::{Denied, OnDenied};
 use super::{grpc, problem, Limiter};
-use crate::Decision;
+use crate::MultiDecision;
 
 /// What the layer does when its limiter fails (a Redis limiter whose store
 /// is down): the seeds' policy choice.
@@ -50,6 +50,15 @@ pub enum LayerError {
         name: String,
         /// Why.
         reason: String,
+    },
+    /// [`policy_names`](RateLimitLayerBuilder::policy_names) gave a name
+    /// count that is not the limiter's quota count.
+    #[error("{given} policy names for a limiter of {quotas} quotas: give one name per quota")]
+    PolicyNameCount {
+        /// Names given.
+        given: usize,
+        /// Quotas the limiter enforces.
+        quotas: usize,
     },
 }
 
@@ -122,6 +131,9 @@ impl Counters {
 struct Shared<L> {
     limiter: L,
     name: String,
+    /// One name per quota of the limiter, in its order (unquoted, for the
+    /// denial body).
+    policies: Vec<String>,
     key: KeyExtractor,
     headers: HeaderSet,
     on_error: OnLimiterError,
@@ -136,9 +148,12 @@ struct Shared<L> {
 /// body; every response it lets through gets the rate-limit headers (see
 /// [`headers`](super::headers)).
 ///
-/// One layer is one policy. Per-route quotas are one layer per route (in
-/// axum, `route_layer`, so that requests no handler takes, such as a
-/// `405`, spend no token); see the [module docs](super).
+/// One layer enforces its limiter's policies: one quota, or several all
+/// or nothing with a [`KeyedMultiLimiter`](crate::KeyedMultiLimiter) (a
+/// request one limit denies spends no token of the others; stacking two
+/// layers would spend the outer one's). Per-route quotas are one layer per
+/// route (in axum, `route_layer`, so that requests no handler takes, such
+/// as a `405`, spend no token); see the [module docs](super).
 ///
 /// Responses carry a [`RateLimitBody`]: the inner service's body passed
 /// through, or the layer's own answer, so any body type works (axum's,
@@ -176,6 +191,7 @@ impl<L: Limiter> RateLimitLayer<L> {
         RateLimitLayerBuilder {
             limiter,
             name: "default".to_owned(),
+            policy_names: None,
             route: None,
             key: KeyExtractor::peer_ip(),
             ietf_headers: true,
@@ -207,6 +223,7 @@ impl<S, L> Layer<S> for RateLimitLayer<L> {
 pub struct RateLimitLayerBuilder<L> {
     limiter: L,
     name: String,
+    policy_names: Option<Vec<String>>,
     route: Option<String>,
     key: KeyExtractor,
     ietf_headers: bool,
@@ -233,9 +250,33 @@ impl<L> fmt::Debug for RateLimitLayerBuilder<L> {
 
 impl<L: Limiter> RateLimitLayerBuilder<L> {
     /// The policy's name, in `RateLimit-Policy`, `RateLimit` and the
-    /// metrics' `limiter` label (printable ASCII).
+    /// metrics' `limiter` label (printable ASCII). A limiter of several
+    /// quotas names its policies `name-0`, `name-1`, ... unless
+    /// [`policy_names`](Self::policy_names) says otherwise.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
+        self
+    }
+
+    /// One name per quota of the limiter, in its order, for the headers
+    /// and the denial body (printable ASCII); the metrics keep the layer's
+    /// [`name`](Self::name). [`build`](Self::build) fails if the count is
+    /// not the limiter's quota count.
+    ///
+    /// ```
+    /// use turnstile::http::{HttpKey, RateLimitLayer};
+    /// use turnstile::KeyedMultiLimiter;
+    ///
+    /// let limiter = KeyedMultiLimiter::<HttpKey>::new("10/s burst 20; 1000/h".parse()?);
+    /// let layer = RateLimitLayer::builder(limiter)
+    ///     .name("search")
+    ///     .policy_names(["search-burst", "search-hourly"])
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn policy_names<N: Into<String>>(mut self, names: impl IntoIterator<Item = N>) -> Self {
+        self.policy_names = Some(names.into_iter().map(Into::into).collect());
         self
     }
 
@@ -321,11 +362,36 @@ impl<L: Limiter> RateLimitLayerBuilder<L> {
     /// the `metrics` recorder may be installed before or after the layers
     /// are built, as long as it is before traffic.
     pub fn build(self) -> Result<RateLimitLayer<L>, LayerError> {
-        let quoted = headers::sf_string(&self.name).map_err(|reason| LayerError::BadName {
+        let quotas = self.limiter.quotas();
+        let policies = match self.policy_names {
+            Some(names) if names.len() != quotas.len() => {
+                return Err(LayerError::PolicyNameCount {
+                    given: names.len(),
+                    quotas: quotas.len(),
+                })
+            }
+            Some(names) => names,
+            None if quotas.len() == 1 => vec![self.name.clone()],
+            None => (0..quotas.len())
+                .map(|i| format!("{}-{i}", self.name))
+                .collect(),
+        };
+        let quoted = policies
+            .iter()
+            .zip(&quotas)
+            .map(|(name, quota)| {
+                let quoted = headers::sf_string(name).map_err(|reason| LayerError::BadName {
+                    name: name.clone(),
+                    reason,
+                })?;
+                Ok((quoted, *quota))
+            })
+            .collect::<Result<Vec<_>, LayerError>>()?;
+        // The layer's own name labels the metrics: check it too.
+        headers::sf_string(&self.name).map_err(|reason| LayerError::BadName {
             name: self.name.clone(),
             reason,
         })?;
-        let quota = self.limiter.quota();
         let route = self.route.as_deref().unwrap_or(&self.name);
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
@@ -334,14 +400,10 @@ impl<L: Limiter> RateLimitLayerBuilder<L> {
                     route: route.to_owned(),
                     counters: OnceLock::new(),
                 },
-                headers: HeaderSet::new(
-                    quoted,
-                    &quota,
-                    self.ietf_headers,
-                    self.x_ratelimit_headers,
-                ),
+                headers: HeaderSet::new(quoted, self.ietf_headers, self.x_ratelimit_headers),
                 limiter: self.limiter,
                 name: self.name,
+                policies,
                 key: self.key,
                 on_error: self.on_error,
                 on_denied: self.on_denied,
@@ -443,7 +505,7 @@ pin_project! {
         Calling {
             #[pin]
             call: S::Future,
-            decision: Option<Decision>,
+            decision: Option<MultiDecision>,
         },
         Ready {
             response: Option<Response<Bytes>>,
@@ -538,7 +600,9 @@ where
                 StateProj::Calling { call, decision } => {
                     let mut response = ready!(call.poll(cx))?;
                     if let Some(decision) = decision {
-                        shared.headers.write(decision, response.headers_mut());
+                        let binding = decision.binding();
+                        let headers = response.headers_mut();
+                        shared.headers.write(&decision.decision(), binding, headers);
                     }
                     return Poll::Ready(Ok(response.map(RateLimitBody::inner)));
                 }
@@ -573,14 +637,19 @@ fn refusal(grpc: bool, status: StatusCode, detail: &str) -> Response<Bytes> {
 
 /// A denial: the policy's response (default or custom), then the
 /// rate-limit fields and `Retry-After` from the same decision.
-fn denial<L>(shared: &Shared<L>, grpc: bool, decision: &Decision) -> Response<Bytes> {
+fn denial<L>(shared: &Shared<L>, grpc: bool, multi: &MultiDecision) -> Response<Bytes> {
+    let decision = &multi.decision();
+    let binding = multi.binding();
+    let policy = shared.policies.get(binding).unwrap_or(&shared.name);
     let denied = Denied {
-        policy: &shared.name,
+        policy,
         decision,
         grpc,
     };
     let mut response = shared.on_denied.response(&denied);
-    shared.headers.write(decision, response.headers_mut());
+    shared
+        .headers
+        .write(decision, binding, response.headers_mut());
     headers::write_retry_after(decision, response.headers_mut());
     response
 }

@@ -6,11 +6,21 @@ use std::future::{ready, Future, Ready};
 use std::sync::Arc;
 
 use super::HttpKey;
-use crate::{Clock, Decision, DirectLimiter, Gcra, KeyedLimiter, Quota};
+use crate::{
+    Clock, DirectLimiter, Gcra, KeyedLimiter, KeyedMultiLimiter, MultiDecision, MultiLimiter, Quota,
+};
 
 /// A limiter the HTTP layer can ask: an asynchronous check of one request
-/// of cost 1 for a key, and the quota it enforces (for the
+/// of cost 1 for a key, and the quotas it enforces (for the
 /// `RateLimit-Policy` header).
+///
+/// A check answers a [`MultiDecision`]: the binding limit's
+/// [`Decision`](crate::Decision)
+/// and which of [`quotas`](Limiter::quotas) it is. A limiter of one quota
+/// answers `decision.into()` (binding limit 0); a limiter of several
+/// ([`KeyedMultiLimiter`], [`MultiLimiter`]) decides them all or nothing,
+/// so one layer enforces several limits without spending a token of one on
+/// a request another denies.
 ///
 /// Local limiters answer at once ([`Ready`] futures, [`Infallible`]
 /// errors); a remote limiter returns a future that talks to its store and
@@ -24,7 +34,7 @@ use crate::{Clock, Decision, DirectLimiter, Gcra, KeyedLimiter, Quota};
 /// use std::future::Future;
 /// use std::pin::Pin;
 /// use turnstile::http::{HttpKey, Limiter};
-/// use turnstile::{Decision, Quota};
+/// use turnstile::{MultiDecision, Quota};
 ///
 /// #[derive(Debug, thiserror::Error)]
 /// #[error("store unreachable")]
@@ -34,7 +44,7 @@ use crate::{Clock, Decision, DirectLimiter, Gcra, KeyedLimiter, Quota};
 ///
 /// impl Limiter for Remote {
 ///     type Error = StoreDown;
-///     type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreDown>> + Send>>;
+///     type Future = Pin<Box<dyn Future<Output = Result<MultiDecision, StoreDown>> + Send>>;
 ///
 ///     fn check(&self, key: &HttpKey) -> Self::Future {
 ///         // Move what the call needs (the key, a pool handle) into the
@@ -57,7 +67,7 @@ pub trait Limiter: Send + Sync + 'static {
 
     /// The pending check. It owns what it needs (`'static`), so the layer
     /// can hold it across polls without borrowing the limiter.
-    type Future: Future<Output = Result<Decision, Self::Error>> + Send + 'static;
+    type Future: Future<Output = Result<MultiDecision, Self::Error>> + Send + 'static;
 
     /// Decides one request of cost 1 for `key`. Dropping the future before
     /// it completes must leave the key's state as it was or as if the check
@@ -65,18 +75,26 @@ pub trait Limiter: Send + Sync + 'static {
     fn check(&self, key: &HttpKey) -> Self::Future;
 
     /// The quota this limiter enforces, advertised as `q` (requests) and
-    /// `w` (seconds, rounded up) in `RateLimit-Policy`.
+    /// `w` (seconds, rounded up) in `RateLimit-Policy`; for a limiter of
+    /// several, the first.
     fn quota(&self) -> Quota;
+
+    /// Every quota this limiter enforces, in the order a
+    /// [`MultiDecision::binding`] counts them: each is one item of
+    /// `RateLimit-Policy`. One limit by default.
+    fn quotas(&self) -> Vec<Quota> {
+        vec![self.quota()]
+    }
 }
 
 /// One bucket per key: the usual choice (per API key, user or client IP).
 impl<C: Clock + 'static> Limiter for KeyedLimiter<HttpKey, C, Gcra> {
     type Error = Infallible;
-    type Future = Ready<Result<Decision, Infallible>>;
+    type Future = Ready<Result<MultiDecision, Infallible>>;
 
     #[inline]
     fn check(&self, key: &HttpKey) -> Self::Future {
-        ready(Ok(KeyedLimiter::check(self, key)))
+        ready(Ok(KeyedLimiter::check(self, key).into()))
     }
 
     fn quota(&self) -> Quota {
@@ -89,11 +107,11 @@ impl<C: Clock + 'static> Limiter for KeyedLimiter<HttpKey, C, Gcra> {
 /// extracted, so a malformed key is still refused by the key policy.
 impl<C: Clock + 'static> Limiter for DirectLimiter<C, Gcra> {
     type Error = Infallible;
-    type Future = Ready<Result<Decision, Infallible>>;
+    type Future = Ready<Result<MultiDecision, Infallible>>;
 
     #[inline]
     fn check(&self, _key: &HttpKey) -> Self::Future {
-        ready(Ok(DirectLimiter::check(self)))
+        ready(Ok(DirectLimiter::check(self).into()))
     }
 
     fn quota(&self) -> Quota {
@@ -114,5 +132,50 @@ impl<L: Limiter + ?Sized> Limiter for Arc<L> {
 
     fn quota(&self) -> Quota {
         (**self).quota()
+    }
+
+    fn quotas(&self) -> Vec<Quota> {
+        (**self).quotas()
+    }
+}
+
+/// Several limits per key, all or nothing (see [`KeyedMultiLimiter`]): one
+/// layer for `"10/s burst 20; 1000/h"`. A request one limit denies takes
+/// nothing from the others, and the headers name the binding limit.
+impl<C: Clock + 'static> Limiter for KeyedMultiLimiter<HttpKey, C> {
+    type Error = Infallible;
+    type Future = Ready<Result<MultiDecision, Infallible>>;
+
+    #[inline]
+    fn check(&self, key: &HttpKey) -> Self::Future {
+        ready(Ok(KeyedMultiLimiter::check(self, key)))
+    }
+
+    fn quota(&self) -> Quota {
+        KeyedMultiLimiter::quotas(self).first()
+    }
+
+    fn quotas(&self) -> Vec<Quota> {
+        KeyedMultiLimiter::quotas(self).as_slice().to_vec()
+    }
+}
+
+/// Several limits on one shared bucket each, all or nothing (see
+/// [`MultiLimiter`]): a global budget of several limits on a route.
+impl<C: Clock + 'static> Limiter for MultiLimiter<C> {
+    type Error = Infallible;
+    type Future = Ready<Result<MultiDecision, Infallible>>;
+
+    #[inline]
+    fn check(&self, _key: &HttpKey) -> Self::Future {
+        ready(Ok(MultiLimiter::check(self)))
+    }
+
+    fn quota(&self) -> Quota {
+        MultiLimiter::quotas(self).first()
+    }
+
+    fn quotas(&self) -> Vec<Quota> {
+        MultiLimiter::quotas(self).as_slice().to_vec()
     }
 }

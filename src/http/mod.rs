@@ -91,13 +91,32 @@
 //!
 //! # Several limits on one route
 //!
-//! Two layers stacked on one route enforce two policies. Each appends its
-//! item to `RateLimit-Policy` and `RateLimit` (lists, as the IETF draft
-//! allows), and `Retry-After` and the body name the policy that denied.
-//! Stacked layers decide one after the other, so a request the inner
-//! layer denies has already spent the outer layer's token; an
-//! all-or-nothing check of several limits is a [`Limiter`] that checks
-//! them together, which the layer takes like any other.
+//! One layer over a [`KeyedMultiLimiter`](crate::KeyedMultiLimiter) (or a
+//! [`MultiLimiter`](crate::MultiLimiter) for a global budget) enforces
+//! several limits all or nothing: a request one limit denies spends no
+//! token of the others. `RateLimit-Policy` lists every policy (a list, as
+//! the IETF draft allows), `RateLimit` carries the binding one (the one the
+//! [`MultiDecision`](crate::MultiDecision) names), and `Retry-After` and
+//! the body name it. Policies are named `name-0`, `name-1`, ... or as
+//! [`policy_names`](RateLimitLayerBuilder::policy_names) says.
+//!
+//! ```
+//! use turnstile::http::{HttpKey, KeyExtractor, RateLimitLayer};
+//! use turnstile::KeyedMultiLimiter;
+//!
+//! let limits = KeyedMultiLimiter::<HttpKey>::new("10/s burst 20; 1000/h".parse()?);
+//! let layer = RateLimitLayer::builder(limits)
+//!     .name("search")
+//!     .key(KeyExtractor::peer_ip())
+//!     .build()?;
+//! // RateLimit-Policy: "search-0";q=10;w=1, "search-1";q=1000;w=3600
+//! # let _ = layer;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Layers can still be stacked: each appends its own items to both
+//! fields, but they decide one after the other, so a request the inner
+//! layer denies has already spent the outer layer's token.
 //!
 //! # Metrics
 //!

@@ -26,7 +26,10 @@ pub struct Denied<'a> {
 }
 
 impl Denied<'_> {
-    /// The policy's name (the layer's [`name`](super::RateLimitLayerBuilder::name)).
+    /// The binding policy's name: the layer's
+    /// [`name`](super::RateLimitLayerBuilder::name), or for a limiter of
+    /// several quotas the name of the one that denied (see
+    /// [`policy_names`](super::RateLimitLayerBuilder::policy_names)).
     pub fn policy(&self) -> &str {
         self.policy
     }

@@ -16,17 +16,17 @@ use std::sync::Arc;
 
 use super::{RedisLimitError, RedisLimiter};
 use crate::http::{HttpKey, Limiter};
-use crate::{Decision, Quota};
+use crate::{MultiDecision, Quota};
 
 impl Limiter for Arc<RedisLimiter> {
     type Error = RedisLimitError;
-    type Future = Pin<Box<dyn Future<Output = Result<Decision, RedisLimitError>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<MultiDecision, RedisLimitError>> + Send>>;
 
     fn check(&self, key: &HttpKey) -> Self::Future {
         let (limiter, key) = (Arc::clone(self), key.clone());
         // The inherent check, by path: `limiter.check` would find this very
         // trait method on the `Arc` first.
-        Box::pin(async move { RedisLimiter::check(&limiter, &key).await })
+        Box::pin(async move { RedisLimiter::check(&limiter, &key).await.map(Into::into) })
     }
 
     fn quota(&self) -> Quota {
