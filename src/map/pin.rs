@@ -122,11 +122,26 @@ pub(crate) fn forget(collector: &Collector, _alive: &Alive) {
     cache::forget(collector)
 }
 
-/// Under loom every model is a fresh world: no thread-local cache survives
-/// between executions, so register each time.
+/// Under loom, a cache per modelled thread (loom's own thread-locals, new
+/// in every execution): registering a handle at every pin would put a list
+/// insertion's worth of atomics into every check the models explore.
 #[cfg(turnstile_loom)]
 pub(crate) fn pin(collector: &Collector, _alive: &Alive) -> Guard {
-    collector.register().pin()
+    use crossbeam_epoch::LocalHandle;
+    use std::cell::RefCell;
+
+    loom::thread_local! {
+        static HANDLES: RefCell<Vec<LocalHandle>> = RefCell::new(Vec::new());
+    }
+    HANDLES.with(|handles| {
+        if let Some(handle) = handles.borrow().iter().find(|h| h.collector() == collector) {
+            return handle.pin();
+        }
+        let handle = collector.register();
+        let guard = handle.pin();
+        handles.borrow_mut().push(handle);
+        guard
+    })
 }
 
 #[cfg(turnstile_loom)]
