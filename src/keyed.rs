@@ -109,6 +109,16 @@ pub use crate::map::MIGRATION_CHUNK;
 /// epoch has freed the old tables (40.8 bytes per key, `benches/memory.rs`).
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
+/// A key's place under `max_keys`, held while its node is inserted; given
+/// back when dropped (the node was not inserted, or a panic unwound).
+struct Reservation<'p, 'm, K>(&'p Pinned<'m, K>);
+
+impl<K> Drop for Reservation<'_, '_, K> {
+    fn drop(&mut self) {
+        self.0.unreserve();
+    }
+}
+
 /// How `admit` dealt with a missing key.
 enum Admitted<'p, K> {
     /// Inserted, with this request decided on its fresh bucket (and the
@@ -126,10 +136,15 @@ enum Admitted<'p, K> {
 #[non_exhaustive]
 pub enum OverflowPolicy {
     /// Forget the bucket closest to full among a few sampled keys, and admit
-    /// the new key. Memory stays flat under a flood of random keys while
+    /// the new key. Memory stays bounded under a flood of random keys while
     /// keys in real use keep their state. The forgotten key, if it comes
     /// back, starts with a full bucket: the one place where turnstile trades
     /// exactness for bounded memory.
+    ///
+    /// Forgotten buckets are freed through the epoch, so a flood also holds
+    /// the garbage no thread may free yet: little while every thread runs,
+    /// more when threads outnumber cores and one is descheduled in the
+    /// middle of a check, which holds the epoch back until it runs again.
     #[default]
     EvictFullest,
     /// Deny new keys until room is made (fail closed).
@@ -299,11 +314,12 @@ where
     /// Finds room for a key that is not in the map, and inserts it with
     /// this request already decided on its fresh bucket.
     ///
-    /// The clock is read again first: `now` was read before the lookup, and
-    /// the key may have been evicted since by a thread with a later reading
-    /// (its bucket was full at that reading). Deciding a fresh bucket at the
-    /// older `now` would start it in the past and admit more than the quota
-    /// allows; at a reading taken after the lookup it is exact.
+    /// The fresh bucket is decided at a clock reading taken right before
+    /// the node is published, after the probe that found the key absent:
+    /// `now` was read before the lookup, and the key may have been evicted
+    /// since by a thread with a later reading (its bucket was full at that
+    /// reading). Deciding at the older `now` would start the fresh bucket in
+    /// the past and admit more than the quota allows.
     #[cold]
     #[allow(clippy::too_many_arguments)]
     fn admit<'p, Q, D>(
@@ -327,8 +343,6 @@ where
         const ATTEMPTS: usize = 16;
         #[cfg(turnstile_loom)]
         let _admitting = crate::probe::Admitting::enter();
-        let now = now.max(self.clock.now());
-        let fresh = algorithm.decide(0, now, cost);
         for _ in 0..ATTEMPTS {
             // Room for the key: a free place under `max_keys`, or the place
             // of the one bucket evicted for it, which no one else can take.
@@ -340,13 +354,22 @@ where
                         true
                     });
             if room {
-                let state = fresh.next.unwrap_or(0);
-                let (node, inserted) = map.insert(hash, key, || key.to_owned(), state, idle);
-                if inserted {
-                    let charge = fresh.next.map(|after| Charge { now, after });
-                    return Admitted::Inserted(fresh.decision, charge);
+                // Given back if the key's `ToOwned` or `Eq` panics, or if the
+                // key turns out to be there already.
+                let reservation = Reservation(map);
+                let mut decided = None;
+                let fresh_state = || {
+                    let now = now.max(self.clock.now());
+                    let step = algorithm.decide(0, now, cost);
+                    let charge = step.next.map(|after| Charge { now, after });
+                    decided = Some((step.decision, charge));
+                    step.next.unwrap_or(0)
+                };
+                let (node, inserted) = map.insert(hash, key, || key.to_owned(), fresh_state, idle);
+                if let (true, Some((decision, charge))) = (inserted, decided) {
+                    std::mem::forget(reservation);
+                    return Admitted::Inserted(decision, charge);
                 }
-                map.unreserve();
                 return Admitted::Found(node);
             }
             if self.overflow != OverflowPolicy::EvictFullest {

@@ -201,7 +201,7 @@ fn evict_fullest_admits_fresh_keys_under_contention() {
     let _serial = serial();
     const THREADS: u64 = 4;
     const PER_THREAD: u64 = 200_000;
-    for max_keys in [8usize, 64, 1_000] {
+    for max_keys in [1usize, 8, 64, 1_000] {
         let limiter = KeyedLimiter::builder("1/s".parse::<Quota>().unwrap())
             .clock(ManualClock::new())
             .max_keys(max_keys)
@@ -223,8 +223,11 @@ fn evict_fullest_admits_fresh_keys_under_contention() {
             workers.into_iter().map(|w| w.join().unwrap()).sum()
         });
         let total = THREADS * PER_THREAD;
+        println!("max_keys({max_keys}): {refused} of {total} fresh keys refused");
+        // With one place and four threads, a thread can find the place
+        // held by another's insert in flight; from 8 on, never in practice.
         assert!(
-            refused * 1_000 <= total,
+            max_keys < 8 || refused * 1_000 <= total,
             "max_keys({max_keys}): {refused} of {total} fresh keys refused"
         );
         assert!(limiter.len() <= max_keys);

@@ -164,7 +164,10 @@ fn run(input: &Input) {
                 };
                 if actual != Ok(expected) {
                     // Only a key forgotten at the bound: nothing to refund.
-                    assert!(ever_full && actual == Ok(false), "refund {key} {cost}: {actual:?}");
+                    assert!(
+                        ever_full && actual == Ok(false),
+                        "refund {key} {cost}: {actual:?}"
+                    );
                     model.remove(&key);
                 }
             }

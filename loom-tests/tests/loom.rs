@@ -167,6 +167,8 @@ fn update_races_growth() {
 #[test]
 fn reader_holds_node_through_reclamation() {
     static REACHED: AtomicBool = AtomicBool::new(false);
+    // The race: the reader (this thread) is stopped between its lookup and
+    // its update while the other thread's eviction and migration run.
     model(|| {
         let start = probe::sequence();
         let clock = ManualClock::new();
@@ -177,9 +179,9 @@ fn reader_holds_node_through_reclamation() {
         // migration that follows drops both nodes.
         clock.set(T);
         let other = limiter.clone();
-        let reader = spawn(move || other.check(&1).is_allowed());
-        limiter.evict_idle();
-        assert!(reader.join().unwrap());
+        let evictor = spawn(move || other.evict_idle());
+        assert!(limiter.check(&1).is_allowed());
+        evictor.join().unwrap();
         let last = limiter.check(&1);
         assert_eq!(last.remaining(), 0, "the reader's update was lost");
         let dropped = probe::NODE_DROPPED.last();

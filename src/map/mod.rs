@@ -68,10 +68,13 @@ impl<K> Map<K> {
 
 impl<K> Drop for Map<K> {
     fn drop(&mut self) {
-        // Let go of this thread's handle now, and tell other threads to let
-        // go of theirs at their next pin: the collector, and the garbage it
-        // still holds for this map, is freed with the last handle.
-        pin::forget(&self.collector, &self.alive);
+        // Mark the map dead first, then let go of this thread's handle and
+        // tell other threads to let go of theirs at their next pin: the
+        // collector, and the garbage it still holds for this map, is freed
+        // with the last handle. In that order, a thread that sees the news
+        // also sees the map dead (freeing `raw` below can take a while).
+        drop(std::mem::replace(&mut self.alive, pin::Alive::new()));
+        pin::forget(&self.collector);
     }
 }
 
@@ -105,6 +108,11 @@ pub(crate) struct Pinned<'m, K> {
 }
 
 impl<K> Pinned<'_, K> {
+    /// Returns an unused reservation.
+    pub(crate) fn unreserve(&self) {
+        self.raw.unreserve()
+    }
+
     /// Slots in the current table.
     pub(crate) fn capacity(&self) -> usize {
         self.raw.capacity(&self.guard)
@@ -123,8 +131,9 @@ impl<K: Hash + Eq> Pinned<'_, K> {
     }
 
     /// The live node for `key`, inserting a fresh one made by `make` and
-    /// holding `state` if there is none; the bool says whether this call
-    /// inserted it. The caller holds a reservation for the key (from
+    /// holding what `state` returns right before it is published, if there
+    /// is none; the bool says whether this call inserted it. The caller
+    /// holds a reservation for the key (from
     /// [`try_reserve`](Self::try_reserve) or
     /// [`evict_one_near`](Self::evict_one_near)) and gives it back with
     /// [`unreserve`](Self::unreserve) if the key was there already.
@@ -133,7 +142,7 @@ impl<K: Hash + Eq> Pinned<'_, K> {
         hash: u64,
         key: &Q,
         make: impl FnOnce() -> K,
-        state: u64,
+        state: impl FnMut() -> u64,
         idle: &impl Idle,
     ) -> (&Node<K>, bool)
     where
@@ -146,11 +155,6 @@ impl<K: Hash + Eq> Pinned<'_, K> {
     /// Reserves room for one more key if fewer than `max` are live.
     pub(crate) fn try_reserve(&self, max: usize) -> bool {
         self.raw.try_reserve(max)
-    }
-
-    /// Returns an unused reservation.
-    pub(crate) fn unreserve(&self) {
-        self.raw.unreserve()
     }
 
     /// Tombstones the live node for `key`, whatever its state.
@@ -230,7 +234,7 @@ mod tests {
         let pinned = map.pin();
         let hash = map.hash(key);
         assert!(pinned.try_reserve(usize::MAX));
-        let (node, inserted) = pinned.insert(hash, key, || key.to_owned(), 0, &never_idle);
+        let (node, inserted) = pinned.insert(hash, key, || key.to_owned(), || 0, &never_idle);
         if !inserted {
             pinned.unreserve();
         }
@@ -321,7 +325,7 @@ mod tests {
                                     hash,
                                     key.as_str(),
                                     || key.clone(),
-                                    0,
+                                    || 0,
                                     &never_idle,
                                 );
                                 if !inserted {

@@ -13,9 +13,8 @@
 //! of any map, and a key's `Drop` may pin another map on this same thread:
 //! the cache is never borrowed mutably while either runs.
 
-use crossbeam_epoch::Collector;
 #[cfg(turnstile_loom)]
-use crossbeam_epoch::Guard;
+use crossbeam_epoch::{Collector, Guard};
 
 /// A map's liveness, watched by the handles cached for it.
 #[derive(Debug)]
@@ -57,13 +56,14 @@ mod cache {
 
     #[inline]
     pub(crate) fn pin(collector: &Collector, alive: &Alive) -> Guard {
-        let drops = DROPPED_MAPS.load(Ordering::Relaxed);
-        if SEEN_DROPS
-            .try_with(|seen| seen.replace(drops))
-            .unwrap_or(drops)
-            != drops
-        {
-            release(|entry| entry.map.strong_count() == 0);
+        // Acquire: pairs with `forget`'s Release, so a dead map's `Arc` is
+        // seen dead here.
+        let drops = DROPPED_MAPS.load(Ordering::Acquire);
+        let seen = SEEN_DROPS.try_with(Cell::get).unwrap_or(drops);
+        // Recorded only once the cache could be cleaned (not inside a nested
+        // pin, which finds it borrowed): a later pin tries again.
+        if seen != drops && release(|entry| entry.map.strong_count() == 0) {
+            let _ = SEEN_DROPS.try_with(|seen| seen.set(drops));
         }
         // A shared borrow while pinning: a nested pin from a key's `Drop`
         // (run by collection inside `handle.pin()`) borrows it again, which
@@ -98,19 +98,28 @@ mod cache {
     /// Lets go of this thread's handle on a map being dropped, and has other
     /// threads let go of theirs.
     pub(crate) fn forget(collector: &Collector) {
-        DROPPED_MAPS.fetch_add(1, Ordering::Relaxed);
+        // Release: the map's `Alive` was dropped before this.
+        DROPPED_MAPS.fetch_add(1, Ordering::Release);
         release(|entry| entry.handle.collector() == collector);
     }
 
     /// Removes the entries `dead` picks, dropping them after the borrow.
-    fn release(dead: impl Fn(&Entry) -> bool) {
+    /// Returns false if the cache could not be borrowed (a nested pin, or
+    /// thread teardown).
+    fn release(dead: impl Fn(&Entry) -> bool) -> bool {
         let released = HANDLES.try_with(|handles| {
             let mut handles = handles.try_borrow_mut().ok()?;
             let (gone, kept): (Vec<Entry>, Vec<Entry>) = handles.drain(..).partition(|e| dead(e));
             *handles = kept;
             Some(gone)
         });
-        drop(released);
+        match released {
+            Ok(Some(gone)) => {
+                drop(gone);
+                true
+            }
+            _ => false,
+        }
     }
 }
 
@@ -118,19 +127,32 @@ mod cache {
 pub(crate) use cache::pin;
 
 #[cfg(not(turnstile_loom))]
-pub(crate) fn forget(collector: &Collector, _alive: &Alive) {
-    cache::forget(collector)
-}
+pub(crate) use cache::forget;
 
-/// Under loom every model is a fresh world: no thread-local cache survives
-/// between executions, so register each time.
+/// Under loom, a cache per modelled thread (loom's own thread-locals, new
+/// in every execution): registering a handle at every pin would put a list
+/// insertion's worth of atomics into every check the models explore.
 #[cfg(turnstile_loom)]
 pub(crate) fn pin(collector: &Collector, _alive: &Alive) -> Guard {
-    collector.register().pin()
+    use crossbeam_epoch::LocalHandle;
+    use std::cell::RefCell;
+
+    loom::thread_local! {
+        static HANDLES: RefCell<Vec<LocalHandle>> = RefCell::new(Vec::new());
+    }
+    HANDLES.with(|handles| {
+        if let Some(handle) = handles.borrow().iter().find(|h| h.collector() == collector) {
+            return handle.pin();
+        }
+        let handle = collector.register();
+        let guard = handle.pin();
+        handles.borrow_mut().push(handle);
+        guard
+    })
 }
 
 #[cfg(turnstile_loom)]
-pub(crate) fn forget(_collector: &Collector, _alive: &Alive) {}
+pub(crate) fn forget(_collector: &Collector) {}
 
 #[cfg(turnstile_loom)]
 impl Alive {

@@ -369,8 +369,14 @@ impl<K: Hash + Eq> RawMap<K> {
         found.then_some(node)
     }
 
-    /// The live node for `key`, inserting `make()` with `state` if there is
-    /// none. Returns the node and whether it was inserted by this call.
+    /// The live node for `key`, inserting `make()` if there is none, with
+    /// the state `state()` returns. Returns the node and whether it was
+    /// inserted by this call.
+    ///
+    /// `state` is called right before each attempt to publish the node,
+    /// after the probe that found the key absent: so a state that depends
+    /// on a clock reading is decided after any eviction of the key's
+    /// previous node (see "Clocks and eviction" in `crate::keyed`).
     ///
     /// The caller holds a reservation in `len` for the key (`try_reserve`,
     /// or an overflow eviction's), taken before this call: migrations size
@@ -380,7 +386,7 @@ impl<K: Hash + Eq> RawMap<K> {
         hash: u64,
         key: &Q,
         make: impl FnOnce() -> K,
-        state: u64,
+        mut state: impl FnMut() -> u64,
         idle: &impl Idle,
         guard: &'g Guard,
     ) -> (&'g Node<K>, bool)
@@ -439,14 +445,16 @@ impl<K: Hash + Eq> RawMap<K> {
                     }
                     continue;
                 }
-                let node = fresh.take().unwrap_or_else(|| {
+                let mut node = fresh.take().unwrap_or_else(|| {
                     let key = make.take().map(|make| make());
                     Owned::new(Node {
                         hash,
-                        cell: Cell::new(state),
+                        cell: Cell::new(0),
                         key: key.expect("a fresh node is made at most once"),
                     })
                 });
+                // Not shared yet: this thread owns the node until the CAS.
+                node.cell = Cell::new(state());
                 // Release: publishes the node's fields to whoever loads the
                 // slot with Acquire. Acquire on failure: we may deref what won.
                 match t.slots[index].compare_exchange(
