@@ -72,9 +72,10 @@
 //!
 //! [`KeyedLimiter::check_batch`] and [`KeyedLimiter::check_batch_n`] decide
 //! a slice of keys in one call: one clock read and one pin for the batch,
-//! every key hashed and its home slot prefetched (32 keys at a time), then each key decided in slice order through the same code as a
-//! single check while the node of the key [`PREFETCH_DISTANCE`] places
-//! ahead is prefetched, so the keys' cache misses overlap. Prefetches are
+//! every key hashed and its home slot prefetched (32 keys at a time), then
+//! each key decided in slice order through the same code as a single check
+//! while the node of the key [`PREFETCH_DISTANCE`] places ahead is
+//! prefetched, so the keys' cache misses overlap. Prefetches are
 //! hints and change no state: the decisions are exactly those of checking
 //! the keys one by one in order at the batch's reading (repeats charged in
 //! order; inserts, idle eviction and `max_keys` as single checks do them).
@@ -358,7 +359,8 @@ where
     /// (its bucket was full at that reading). Deciding a fresh bucket at the
     /// older `now` would start it in the past and admit more than the quota
     /// allows; at a reading taken after the lookup it is exact. That
-    /// reading is left in `now`.
+    /// reading is left in `now`: a node another thread inserted first is
+    /// updated at it too, and a batch decides its next keys at it.
     #[cold]
     #[allow(clippy::too_many_arguments)]
     fn admit<'p, Q, D>(
