@@ -129,3 +129,26 @@ pub enum QuotasError {
         source: QuotaError,
     },
 }
+
+/// A batch of checks that cannot be decided as given. Nothing was decided
+/// and no bucket changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BatchError {
+    /// The keys and their costs must come in pairs.
+    #[error("{keys} keys but {costs} costs: give one cost per key")]
+    LengthMismatch {
+        /// Keys given.
+        keys: usize,
+        /// Costs given.
+        costs: usize,
+    },
+    /// One cost can never be met (0, or above the burst).
+    #[error("the cost of key {index} of the batch (from 0): {source}")]
+    Cost {
+        /// The position of the first bad cost in the batch.
+        index: usize,
+        /// What is wrong with it.
+        source: CostError,
+    },
+}

@@ -98,7 +98,7 @@ pub use algorithm::{Algorithm, Step, TOMBSTONE};
 pub use clock::{Clock, DefaultClock, ManualClock, MonotonicClock, QuantaClock, RecentClock};
 pub use decision::Decision;
 pub use direct::DirectLimiter;
-pub use error::{CostError, QuotaError, QuotasError};
+pub use error::{BatchError, CostError, QuotaError, QuotasError};
 pub use gcra::Gcra;
 pub use keyed::{KeyedLimiter, KeyedLimiterBuilder, OverflowPolicy};
 pub use multi::{KeyedMultiLimiter, MultiDecision, MultiLimiter};

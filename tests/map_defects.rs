@@ -157,11 +157,13 @@ fn shrinks_racing_fresh_keys_keep_making_progress() {
         })
         .collect();
     let (limiter2, checks2, stop2) = (limiter.clone(), checks.clone(), stop.clone());
-    let shrinks = within(RUN * 8, "the evicting thread", move || {
+    let shrinks = within(RUN * 12, "the evicting thread", move || {
         let started = Instant::now();
         let (mut shrinks, mut last_checks) = (0u64, 0u64);
         let mut last_progress = Instant::now();
-        while started.elapsed() < RUN {
+        // At least RUN, and on until 10 shrinks have raced the inserts (a
+        // loaded machine gives this thread fewer turns), within the cap.
+        while started.elapsed() < RUN || (shrinks < 10 && started.elapsed() < RUN * 8) {
             let before = limiter2.capacity();
             clock.advance(Duration::from_millis(2));
             limiter2.evict_idle();
@@ -188,7 +190,7 @@ fn shrinks_racing_fresh_keys_keep_making_progress() {
         });
     }
     assert!(
-        shrinks > 10,
+        shrinks >= 10,
         "only {shrinks} shrinking migrations: the race was not exercised"
     );
     assert!(checks.load(Ordering::Relaxed) > 10_000);

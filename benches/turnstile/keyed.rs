@@ -101,7 +101,7 @@ const BURST: u32 = 1_000_000_000;
 const INTERVAL: Duration = Duration::from_secs(15);
 
 /// This module's quotas for each [`Mode`].
-trait Setup {
+pub(crate) trait Setup {
     fn quota(self) -> Quota;
     fn governor(self) -> governor::Quota;
     fn seed<K: Hash + Eq>(self) -> SeedTokenBucket<K>;
@@ -149,10 +149,10 @@ fn idle_quota() -> Quota {
 }
 
 /// governor's keyed limiter on a `DashMap` with hasher `S`.
-type Governor<K, S> = governor::RateLimiter<K, DashMapStateStore<K, S>, GovernorClock>;
+pub(crate) type Governor<K, S> = governor::RateLimiter<K, DashMapStateStore<K, S>, GovernorClock>;
 
 /// Something that decides one request for a key of type `K`.
-trait Subject<K>: Sync {
+pub(crate) trait Subject<K>: Sync {
     fn check(&self, key: &K) -> bool;
     /// Keys tracked, where the subject can say.
     fn len(&self) -> Option<usize> {
@@ -264,7 +264,7 @@ impl<K: Hash + Eq + Clone + Send + Sync> Subject<K> for DashMapCell<K> {
 /// The keyed floor: a table sized and filled before timing, each key beside
 /// its cell; a check is one hash, a linear probe, a clock read and one CAS
 /// (or one load when denying).
-struct Floor<K> {
+pub(crate) struct Floor<K> {
     hasher: ahash::RandomState,
     slots: Vec<Option<(K, AtomicU64)>>,
     mask: usize,
@@ -274,7 +274,7 @@ struct Floor<K> {
 
 impl<K: Hash + Eq + Clone> Floor<K> {
     /// A table of at least twice as many slots as `keys`, holding them all.
-    fn new(keys: &[K], mode: Mode) -> Self {
+    pub(crate) fn new(keys: &[K], mode: Mode) -> Self {
         let len = (keys.len() * 2).next_power_of_two();
         let mut slots: Vec<Option<(K, AtomicU64)>> = (0..len).map(|_| None).collect();
         let hasher = ahash::RandomState::new();
@@ -330,15 +330,15 @@ impl<K: Hash + Eq + Sync + Send> Subject<K> for Floor<K> {
 
 /// The keys of one workload: inserted in `keys` order, checked in `walk`
 /// order.
-struct Workload<K> {
-    name: &'static str,
-    keys: Vec<K>,
-    walk: Vec<K>,
+pub(crate) struct Workload<K> {
+    pub(crate) name: &'static str,
+    pub(crate) keys: Vec<K>,
+    pub(crate) walk: Vec<K>,
 }
 
 impl<K: Clone> Workload<K> {
     /// `n` random keys, walked in a shuffled order.
-    fn uniform(name: &'static str, n: usize, make: impl FnMut(u64) -> K) -> Self {
+    pub(crate) fn uniform(name: &'static str, n: usize, make: impl FnMut(u64) -> K) -> Self {
         let mut rng = SplitMix(0x7475_726e_7374_696c);
         let keys = random_keys(&mut rng, n, make);
         let mut walk = keys.clone();

@@ -8,6 +8,7 @@
 //! cargo bench --bench turnstile -- direct             # the direct groups
 //! cargo bench --bench turnstile -- keyed              # the keyed groups
 //! cargo bench --bench turnstile -- ops                # peek, refund, multi-limit
+//! cargo bench --bench turnstile -- batch              # check_batch vs per-key loops
 //! cargo bench --bench turnstile -- --warm-up-time 1 --measurement-time 3
 //! ```
 //!
@@ -17,10 +18,17 @@
 
 use criterion::{criterion_group, criterion_main};
 
+mod batch;
 mod direct;
 mod keyed;
 mod mode;
 mod ops;
 
-criterion_group!(benches, direct::bench, keyed::bench, ops::bench);
+criterion_group!(
+    benches,
+    direct::bench,
+    keyed::bench,
+    ops::bench,
+    batch::bench
+);
 criterion_main!(benches);

@@ -344,19 +344,22 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let algorithm = &self.algorithm;
-        let now = self.clock.now();
+        let first = self.clock.now();
         let hash = self.map.hash(key);
         let map = self.map.pin();
-        let idle = |state| algorithm.is_idle(state, now);
+        let idle = |state| algorithm.is_idle(state, first);
         // Relaxed, as in `decide`.
         let due = self.next_tick.load(Ordering::Relaxed);
-        if now >= due {
-            self.housekeep(&map, due, now, &idle);
+        if first >= due {
+            self.housekeep(&map, due, first, &idle);
         }
+        // An insert may read the clock again (see `admit`); later steps
+        // decide at that reading.
+        let mut now = first;
         loop {
             let node = match map.find(hash, key) {
                 Some(node) => node,
-                None => match self.admit(&map, hash, key, now, n, algorithm, &idle) {
+                None => match self.admit(&map, hash, key, &mut now, n, algorithm, &idle) {
                     Admitted::Inserted(decision, charge) => return (decision, charge),
                     Admitted::Found(node) => node,
                     // Untracked or refused: nothing was charged.

@@ -46,6 +46,15 @@ impl<K> Map<K> {
         }
     }
 
+    /// A map whose hasher has fixed keys from `seed`: two such maps fed the
+    /// same requests make the same choices (tests only; see
+    /// `KeyedLimiterBuilder::hasher_seed`).
+    pub(crate) fn seeded(seed: u64) -> Self {
+        let mut map = Map::new();
+        map.hasher = ahash::RandomState::with_seeds(seed, !seed, seed.rotate_left(32), 1);
+        map
+    }
+
     /// Live keys.
     pub(crate) fn len(&self) -> usize {
         self.raw.len()
@@ -116,6 +125,21 @@ impl<K> Pinned<'_, K> {
     /// Slots in the current table.
     pub(crate) fn capacity(&self) -> usize {
         self.raw.capacity(&self.guard)
+    }
+
+    /// Starts fetching the home slot of `hash` into the cache (a hint for
+    /// batch lookups: changes nothing).
+    #[inline]
+    pub(crate) fn prefetch_slot(&self, hash: u64) {
+        self.raw.prefetch_slot(hash, &self.guard)
+    }
+
+    /// Starts fetching the node the home slot of `hash` points at (a hint:
+    /// changes nothing; best once [`prefetch_slot`](Self::prefetch_slot)
+    /// has brought the slot in).
+    #[inline]
+    pub(crate) fn prefetch_node(&self, hash: u64) {
+        self.raw.prefetch_node(hash, &self.guard)
     }
 }
 

@@ -315,6 +315,63 @@ impl<K> RawMap<K> {
     }
 }
 
+impl<K> RawMap<K> {
+    /// Starts fetching the home slot of `hash` in the root table into the
+    /// cache: where `find` reads first. A hint only: nothing is read or
+    /// written that a lookup can observe.
+    #[inline]
+    pub(crate) fn prefetch_slot(&self, hash: u64, guard: &Guard) {
+        // SAFETY: as in `capacity`: the root is never null and is retired
+        // only through the epoch, which `guard` holds off.
+        let t = unsafe { self.root.load(Ordering::Acquire, guard).deref() };
+        prefetch(std::ptr::from_ref(&t.slots[hash as usize & t.mask]).cast());
+    }
+
+    /// Starts fetching the node the home slot of `hash` points at now (the
+    /// node `find` loads second, and usually the key's). A hint only.
+    #[inline]
+    pub(crate) fn prefetch_node(&self, hash: u64, guard: &Guard) {
+        // SAFETY: as in `capacity`.
+        let t = unsafe { self.root.load(Ordering::Acquire, guard).deref() };
+        // Relaxed, an exception to the file's rule for pointers: this one
+        // is never dereferenced, only handed to the CPU as an address to
+        // fetch, which is harmless even if the node has been freed since.
+        let slot = t.slots[hash as usize & t.mask].load(Ordering::Relaxed, guard);
+        if !slot.is_null() {
+            prefetch(slot.as_raw().cast());
+        }
+    }
+}
+
+/// Asks the CPU to bring the cache line holding `addr` into L1, where the
+/// target has an instruction for it (x86_64, aarch64); nothing elsewhere.
+#[inline(always)]
+fn prefetch(addr: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // SAFETY: a prefetch is a hint: it never faults (any address, even
+        // a dangling or unmapped one, is allowed), writes nothing and has
+        // no effect a program can observe but timing. SSE, which provides
+        // it, is part of the x86_64 baseline.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(addr.cast()) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        // SAFETY: `prfm` is a hint: it never faults on any address, writes
+        // nothing, touches no flags and no stack (the options say so).
+        unsafe {
+            core::arch::asm!(
+                "prfm pldl1keep, [{addr}]",
+                addr = in(reg) addr,
+                options(nostack, readonly, preserves_flags)
+            )
+        };
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = addr;
+}
+
 impl<K: Hash + Eq> RawMap<K> {
     /// The live node for `key`, if any.
     pub(crate) fn find<'g, Q>(&self, hash: u64, key: &Q, guard: &'g Guard) -> Option<&'g Node<K>>
