@@ -71,37 +71,13 @@ impl Cell {
         now: u64,
         cost: u64,
     ) -> Result<Decision, Tombstoned> {
-        let mut current = self.state.load(Ordering::Relaxed);
-        loop {
-            if current == TOMBSTONE {
-                return Err(Tombstoned);
-            }
-            let step = algorithm.decide(current, now, cost);
-            let Some(next) = step.next else {
-                return Ok(step.decision);
-            };
-            debug_assert_ne!(next, TOMBSTONE, "an algorithm produced the tombstone");
-            // Weak: a spurious failure only costs one more trip round the
-            // loop, and the weak form is a plain LL/SC on ARM.
-            match self.state.compare_exchange_weak(
-                current,
-                next,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Ok(step.decision),
-                Err(actual) => {
-                    count_retry();
-                    current = actual;
-                }
-            }
-        }
+        // Inlined, the unused charge record costs nothing.
+        self.charge(algorithm, now, cost)
+            .map(|(decision, _)| decision)
     }
 
     /// [`update`](Cell::update) that also reports the admission it made
     /// (its reading and the state it wrote), for the multi-limit rollback.
-    /// A copy of `update` rather than a shared core, so the single-limit
-    /// path keeps its exact shape.
     #[inline]
     pub(crate) fn charge<A: Algorithm>(
         &self,
@@ -119,7 +95,8 @@ impl Cell {
                 return Ok((step.decision, None));
             };
             debug_assert_ne!(next, TOMBSTONE, "an algorithm produced the tombstone");
-            // Weak and Relaxed, as in `update`.
+            // Weak: a spurious failure only costs one more trip round the
+            // loop, and the weak form is a plain LL/SC on ARM.
             match self.state.compare_exchange_weak(
                 current,
                 next,
