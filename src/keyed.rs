@@ -92,9 +92,12 @@
 //! A check reads the clock before it looks its key up; another thread with
 //! a later reading may evict the key as idle in between (its bucket was
 //! full at that reading). A check that then starts a fresh bucket reads the
-//! clock again first and decides at the later of its two readings, so the
-//! fresh bucket never starts before the eviction's reading: eviction loses
-//! nothing however late the first reading is. What remains is the clock's
+//! clock again right before it publishes the new node, after the probe
+//! that found the key absent, and decides at the later of its two
+//! readings; if the key's chain changes in between, the publication fails
+//! and the next attempt reads again. So the fresh bucket never starts
+//! before the eviction's reading: eviction loses nothing however late the
+//! first reading is. What remains is the clock's
 //! own disagreement between threads (for [`QuantaClock`](crate::QuantaClock),
 //! TSC skew between cores): a reading `d` behind the evictor's can admit
 //! at most `d / T` more requests than the quota, once.
