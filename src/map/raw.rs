@@ -130,10 +130,7 @@ pub(crate) const MIN_CAPACITY: usize = 2;
 /// insert's extra latency to a few microseconds, large enough that a table
 /// of a million slots is copied after ~16k steps. One under loom, so that
 /// the models' small tables have several chunks to hand out and race over.
-#[cfg(not(turnstile_loom))]
-pub const MIGRATION_CHUNK: usize = 64;
-#[cfg(turnstile_loom)]
-pub const MIGRATION_CHUNK: usize = 1;
+pub const MIGRATION_CHUNK: usize = if cfg!(turnstile_loom) { 1 } else { 64 };
 
 /// The bit of `occupied` that closes a table to inserts (see `close`).
 const CLOSED: usize = 1 << (usize::BITS - 1);
