@@ -30,7 +30,8 @@ use turnstile::{
 /// Runs `body` under loom on a thread with room for crossbeam-epoch's
 /// frames: loom's default stack is small, and running out of it is a
 /// SIGSEGV, not a test failure.
-fn model(body: impl Fn() + Sync + Send + 'static) {
+fn model(body: impl Fn() + Sync + Send + 'static) -> usize {
+    let since = probe::sequence();
     let body = Arc::new(body);
     let mut builder = loom::model::Builder::new();
     // Epoch pinning and a migration are a few hundred atomic steps each.
@@ -44,6 +45,7 @@ fn model(body: impl Fn() + Sync + Send + 'static) {
             .join()
             .unwrap();
     });
+    since
 }
 
 const STACK: usize = 8 << 20;
@@ -67,10 +69,12 @@ fn keyed(burst: u64, clock: &ManualClock) -> Arc<KeyedLimiter<u64, ManualClock>>
     )
 }
 
-/// Asserts that `probe` was hit across the model's executions.
-fn reached(probe: &Probe, race: &str) {
+/// Asserts that `probe` was hit by this model's executions (after `since`,
+/// the sequence number `model` returned): a hit by an earlier model in the
+/// same process does not count.
+fn reached(since: usize, probe: &Probe, race: &str) {
     assert!(
-        probe.count() > 0,
+        probe.last() > since,
         "no execution reached {race}: the model passed without its race"
     );
 }
@@ -78,7 +82,7 @@ fn reached(probe: &Probe, race: &str) {
 /// (a) Two updaters on one cell with one token left: exactly one passes.
 #[test]
 fn two_updaters_one_token() {
-    model(|| {
+    let since = model(|| {
         let limiter = Arc::new(DirectLimiter::with_clock(quota(2), ManualClock::new()));
         assert!(limiter.check().is_allowed());
         let other = limiter.clone();
@@ -87,13 +91,13 @@ fn two_updaters_one_token() {
         let a = a.join().unwrap();
         assert!(a ^ b, "exactly one of two may take the last token: {a} {b}");
     });
-    reached(&probe::CAS_RETRY, "a CAS lost to the other updater");
+    reached(since, &probe::CAS_RETRY, "a CAS lost to the other updater");
 }
 
 /// (b) Two threads inserting the same key: one node, both updates counted.
 #[test]
 fn insert_insert_same_key() {
-    model(|| {
+    let since = model(|| {
         let clock = ManualClock::new();
         let limiter = keyed(3, &clock);
         let other = limiter.clone();
@@ -105,17 +109,22 @@ fn insert_insert_same_key() {
         assert_eq!(limiter.check(&7).remaining(), 0);
     });
     reached(
+        since,
         &probe::INSERT_LOST_SLOT,
         "an insert losing its slot to the other insert",
     );
-    reached(&probe::CONCURRENT_ADMITS, "two inserts of the key at once");
+    reached(
+        since,
+        &probe::CONCURRENT_ADMITS,
+        "two inserts of the key at once",
+    );
 }
 
 /// (c) An update racing the eviction of its (idle) key: the update is never
 /// lost, whichever comes first.
 #[test]
 fn update_races_eviction() {
-    model(|| {
+    let since = model(|| {
         let clock = ManualClock::new();
         let limiter = keyed(2, &clock);
         assert!(limiter.check(&1).is_allowed());
@@ -132,6 +141,7 @@ fn update_races_eviction() {
         assert!(limiter.check(&1).is_denied());
     });
     reached(
+        since,
         &probe::UPDATE_MET_TOMBSTONE,
         "an update finding its cell evicted under it",
     );
@@ -140,7 +150,7 @@ fn update_races_eviction() {
 /// (d) An update racing a migration (growth) that copies its node.
 #[test]
 fn update_races_growth() {
-    model(|| {
+    let since = model(|| {
         let clock = ManualClock::new();
         let limiter = keyed(3, &clock);
         assert!(limiter.check(&1).is_allowed());
@@ -155,6 +165,7 @@ fn update_races_growth() {
         assert_eq!(limiter.len(), 2);
     });
     reached(
+        since,
         &probe::READ_FROM_MIGRATING_TABLE,
         "an update finding its node in a slot being migrated",
     );
@@ -201,7 +212,7 @@ fn reader_holds_node_through_reclamation() {
 /// fewer slots than keys to hold (this was a hang).
 #[test]
 fn shrink_races_insert() {
-    model(|| {
+    let since = model(|| {
         let clock = ManualClock::new();
         let limiter = keyed(2, &clock);
         assert!(limiter.check(&1).is_allowed());
@@ -215,10 +226,12 @@ fn shrink_races_insert() {
         assert_eq!(limiter.check(&3).remaining(), 0, "key 3 lost its state");
     });
     reached(
+        since,
         &probe::CLOSED_TABLE_REFUSED_INSERT,
         "an insert refused by a table closed for a shrink",
     );
     reached(
+        since,
         &probe::SUCCESSOR_INSTALLED_BY_HELPER,
         "an inserter installing the successor of a table another thread closed",
     );
@@ -229,7 +242,7 @@ fn shrink_races_insert() {
 /// the old table behind it.
 #[test]
 fn two_inserts_race_migration_start() {
-    model(|| {
+    let since = model(|| {
         let clock = ManualClock::new();
         let limiter = keyed(2, &clock);
         let other = limiter.clone();
@@ -241,10 +254,11 @@ fn two_inserts_race_migration_start() {
         assert_eq!(limiter.check(&4).remaining(), 0);
     });
     reached(
+        since,
         &probe::INSERT_FROZE_EMPTY_SLOT,
         "an insert freezing an empty slot on its way to the successor",
     );
-    reached(&probe::CONCURRENT_ADMITS, "two new keys at once");
+    reached(since, &probe::CONCURRENT_ADMITS, "two new keys at once");
 }
 
 /// (h) Overflow eviction racing an update of its victim, at `max_keys`: the
@@ -252,7 +266,7 @@ fn two_inserts_race_migration_start() {
 /// tombstone and goes back to the map; the bound holds throughout.
 #[test]
 fn overflow_eviction_races_update() {
-    model(|| {
+    let since = model(|| {
         let clock = ManualClock::new();
         let limiter = Arc::new(
             KeyedLimiter::builder(quota(3))
@@ -269,10 +283,12 @@ fn overflow_eviction_races_update() {
         assert_eq!(limiter.len(), 1);
     });
     reached(
+        since,
         &probe::UPDATE_MET_TOMBSTONE,
         "an update meeting the overflow eviction's tombstone",
     );
     reached(
+        since,
         &probe::EVICTION_LOST,
         "an overflow eviction losing its victim to an update",
     );
@@ -282,7 +298,7 @@ fn overflow_eviction_races_update() {
 /// `OverflowPolicy::Deny`: exactly one is tracked, never two.
 #[test]
 fn max_keys_is_exact() {
-    model(|| {
+    let since = model(|| {
         let clock = ManualClock::new();
         let limiter = Arc::new(
             KeyedLimiter::builder(quota(2))
@@ -298,7 +314,7 @@ fn max_keys_is_exact() {
         assert!(a ^ b, "exactly one new key gets the last place: {a} {b}");
         assert_eq!(limiter.len(), 1);
     });
-    reached(&probe::CONCURRENT_ADMITS, "two new keys at once");
+    reached(since, &probe::CONCURRENT_ADMITS, "two new keys at once");
 }
 
 /// (j) A migration's chunks handed out to two threads: each copies its own,
@@ -307,7 +323,7 @@ fn max_keys_is_exact() {
 /// the claimers. No key is lost.
 #[test]
 fn migration_chunks_are_shared() {
-    model(|| {
+    let since = model(|| {
         let clock = ManualClock::new();
         let limiter = keyed(3, &clock);
         assert!(limiter.check(&1).is_allowed());
@@ -322,14 +338,17 @@ fn migration_chunks_are_shared() {
         assert_eq!(limiter.check(&2).remaining(), 1);
     });
     reached(
+        since,
         &probe::CHUNKS_COPIED_BY_TWO_THREADS,
         "two threads copying chunks of one migration",
     );
     reached(
+        since,
         &probe::ROOT_SWUNG_BY_HELPER,
         "the root swung by a thread that did not start copying",
     );
     reached(
+        since,
         &probe::WAITED_FOR_CLAIMED_CHUNKS,
         "a thread finding every chunk claimed",
     );
@@ -382,7 +401,7 @@ fn multi_rollback_meets_a_racing_charge() {
 /// exactly the one admitted token taken.
 #[test]
 fn multi_rollbacks_race_each_other() {
-    model(|| {
+    let since = model(|| {
         // First limit: burst 3, 2 h a token; second: burst 1, 1 h a token.
         let quotas: Quotas = "1/2h burst 3; 1/h burst 1".parse().unwrap();
         let limiter = Arc::new(MultiLimiter::with_clock(quotas, ManualClock::new()));
@@ -400,6 +419,7 @@ fn multi_rollbacks_race_each_other() {
         );
     });
     reached(
+        since,
         &probe::MULTI_ROLLBACK_RACED,
         "a rollback finding the state moved since its charge",
     );
