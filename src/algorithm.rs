@@ -9,15 +9,12 @@
 use crate::error::CostError;
 use crate::Decision;
 
-/// The state value an evictor writes to claim a cell. No algorithm ever
-/// produces it, so an updater that reads it knows the cell is being removed.
-pub const TOMBSTONE: u64 = u64::MAX;
-
 /// What one decision does to the state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Step {
     /// The state to store, or `None` to leave the state as it was (a
-    /// denial, usually). Never [`TOMBSTONE`].
+    /// denial, usually). Always below `2^63 - 4`: the keyed map keeps the
+    /// words above that for its own bookkeeping.
     pub next: Option<u64>,
     /// The answer for the caller.
     pub decision: Decision,

@@ -1,11 +1,29 @@
 //! The cell: one bucket's whole state in one `AtomicU64`, updated by a
 //! compare-and-swap loop around an algorithm's pure decision function.
 //!
+//! The cell lives inline in a slot of the keyed map's table, so the same
+//! word also says where the slot is in its life. Every value of the word
+//! means one thing:
+//!
+//! ```text
+//! 0                       EMPTY      never filled
+//! 1 ..= 2^63 - 4          live       the bucket's state is `word - 1`
+//! 2^63 - 3                BUSY       an insert has claimed the slot and is writing its key
+//! 2^63 - 2                COPIED     frozen, and the bucket now lives in the successor table
+//! 2^63 - 1                TOMBSTONE  evicted or reset: no update lands again
+//! FROZEN bit (2^63) | any of the above: a migration froze the slot
+//! ```
+//!
+//! So an algorithm's state must stay below [`STATE_END`] (`2^63 - 4`): a
+//! GCRA TAT reaches it 292 years after its clock's origin, and the packed
+//! window algorithms keep their top bit clear. EMPTY is `0` so that a new
+//! table is zeroed memory, which the OS hands out lazily.
+//!
 //! # Orderings
 //!
-//! Every access is `Relaxed`, and that is enough:
-//! - the cell publishes no other memory: the `u64` *is* the bucket, so there
-//!   is nothing for an Acquire to make visible;
+//! Updates, claims and denials are `Relaxed`, and that is enough:
+//! - an update publishes no other memory: the `u64` *is* the bucket, so
+//!   there is nothing for an Acquire to make visible;
 //! - all read-modify-writes of one atomic are totally ordered (its
 //!   modification order), so a CAS from `old` succeeds only if no other
 //!   update landed since `old` was read: no update is ever lost;
@@ -13,24 +31,89 @@
 //!   That is still correct: updates only move an algorithm's state towards
 //!   "more used" at a given `now` (GCRA's TAT only grows), so a request
 //!   denied on an older state would be denied on the newer one too;
-//! - the evictor's claim is a CAS to [`TOMBSTONE`] on the same atomic, so it
-//!   either lands before an update (the update's CAS fails and it sees the
-//!   tombstone) or after (the evictor's CAS fails). Keeping the *node*
-//!   alive while someone reads it is the epoch's job, not the cell's.
+//! - an evictor's claim, a reset and a migration's freeze are CASes on the
+//!   same atomic, so each either lands before an update (whose CAS then
+//!   fails and sees it) or after (and its own CAS fails).
+//!
+//! The slot's key is the one other piece of memory, and the word publishes
+//! it: the insert that claimed the slot (BUSY) writes the key and then
+//! stores the first live word with `Release`; readers load the word with
+//! `Acquire` before they read the key ([`word`](Cell::word)). Later
+//! updates are read-modify-writes of the same atomic, which continue that
+//! release sequence, so an Acquire load that reads any later word sees the
+//! key too. [`mark_copied`](Cell::mark_copied) is `Release` for the same
+//! reason: a reader that sees COPIED goes on to read the successor's copy.
 
-use crate::algorithm::{Algorithm, TOMBSTONE};
+use crate::algorithm::Algorithm;
 use crate::sync::{AtomicU64, Ordering};
 use crate::Decision;
 
-/// One bucket. State `0` is a full bucket for every algorithm.
+/// The first state an algorithm may not produce: the words from here on
+/// are the map's (see the module docs).
+pub(crate) const STATE_END: u64 = (1 << 63) - 4;
+
+const EMPTY: u64 = 0;
+const BUSY: u64 = STATE_END + 1;
+const COPIED: u64 = STATE_END + 2;
+const TOMBSTONE: u64 = STATE_END + 3;
+const FROZEN: u64 = 1 << 63;
+
+const _: () = assert!(TOMBSTONE == FROZEN - 1);
+
+/// One bucket, and the life of the slot that holds it.
 #[derive(Debug)]
 pub(crate) struct Cell {
-    state: AtomicU64,
+    word: AtomicU64,
 }
 
-/// The cell was claimed by an evictor; the caller must go back to the map.
+/// What a word says about its slot, the FROZEN bit aside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Tombstoned;
+pub(crate) enum Seen {
+    /// Never filled: the end of every probe chain through it.
+    Empty,
+    /// Claimed by an insert that has not published its key yet.
+    Busy,
+    /// A live bucket with this state.
+    Live(u64),
+    /// The bucket moved to the successor table.
+    Copied,
+    /// Evicted or reset.
+    Dead,
+}
+
+impl Seen {
+    /// Reads a word: what the slot holds, and whether it is frozen.
+    #[inline]
+    pub(crate) fn of(word: u64) -> (Seen, bool) {
+        let frozen = word & FROZEN != 0;
+        let seen = match word & !FROZEN {
+            EMPTY => Seen::Empty,
+            BUSY => Seen::Busy,
+            COPIED => Seen::Copied,
+            TOMBSTONE => Seen::Dead,
+            live => Seen::Live(live - 1),
+        };
+        (seen, frozen)
+    }
+
+    /// Whether the slot holds a published key (which stays readable while
+    /// its table is reachable).
+    #[inline]
+    pub(crate) fn has_key(self) -> bool {
+        matches!(self, Seen::Live(_) | Seen::Copied | Seen::Dead)
+    }
+}
+
+/// Why an operation found no bucket in this cell: the caller goes back to
+/// the map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Gone {
+    /// Evicted or reset: the key is absent from that instant on.
+    Dead,
+    /// Frozen by a migration: the bucket is (or is about to be) in the
+    /// successor table, with the state it had here.
+    Moved,
+}
 
 /// One admission as it landed on a cell: the clock reading it was decided
 /// at and the state it wrote. What a rollback needs to take it out again
@@ -56,10 +139,42 @@ fn count_retry() {
     crate::probe::hit(&crate::probe::CAS_RETRY);
 }
 
+/// The live word for `state`.
+#[inline]
+fn live(state: u64) -> u64 {
+    debug_assert!(state < STATE_END, "an algorithm produced a reserved state");
+    state + 1
+}
+
+/// The state in `word` if it is a live, unfrozen bucket; otherwise why not.
+#[inline]
+fn updatable(word: u64) -> Result<u64, Gone> {
+    match Seen::of(word) {
+        (Seen::Live(state), false) => Ok(state),
+        (Seen::Dead, _) => Err(Gone::Dead),
+        // Frozen (live or copied): the bucket is the successor's now. EMPTY
+        // and BUSY are never handed out as a bucket.
+        _ => {
+            #[cfg(turnstile_loom)]
+            crate::probe::hit(&crate::probe::UPDATE_MET_FROZEN);
+            Err(Gone::Moved)
+        }
+    }
+}
+
 impl Cell {
+    /// A live cell holding `state` (a direct limiter's, which no map holds).
     pub(crate) fn new(state: u64) -> Self {
         Cell {
-            state: AtomicU64::new(state),
+            word: AtomicU64::new(live(state)),
+        }
+    }
+
+    /// An EMPTY cell (loom's atomics cannot be zeroed memory).
+    #[cfg(turnstile_loom)]
+    pub(crate) fn empty() -> Self {
+        Cell {
+            word: AtomicU64::new(EMPTY),
         }
     }
 
@@ -70,7 +185,7 @@ impl Cell {
         algorithm: &A,
         now: u64,
         cost: u64,
-    ) -> Result<Decision, Tombstoned> {
+    ) -> Result<Decision, Gone> {
         // Inlined, the unused charge record costs nothing.
         self.charge(algorithm, now, cost)
             .map(|(decision, _)| decision)
@@ -84,22 +199,19 @@ impl Cell {
         algorithm: &A,
         now: u64,
         cost: u64,
-    ) -> Result<(Decision, Option<Charge>), Tombstoned> {
-        let mut current = self.state.load(Ordering::Relaxed);
+    ) -> Result<(Decision, Option<Charge>), Gone> {
+        let mut current = self.word.load(Ordering::Relaxed);
         loop {
-            if current == TOMBSTONE {
-                return Err(Tombstoned);
-            }
-            let step = algorithm.decide(current, now, cost);
+            let state = updatable(current)?;
+            let step = algorithm.decide(state, now, cost);
             let Some(next) = step.next else {
                 return Ok((step.decision, None));
             };
-            debug_assert_ne!(next, TOMBSTONE, "an algorithm produced the tombstone");
             // Weak: a spurious failure only costs one more trip round the
             // loop, and the weak form is a plain LL/SC on ARM.
-            match self.state.compare_exchange_weak(
+            match self.word.compare_exchange_weak(
                 current,
-                next,
+                live(next),
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
@@ -116,21 +228,29 @@ impl Cell {
     }
 
     /// Claims the cell for eviction if `claimable(state)`: after a
-    /// successful claim no update can ever land on it again. Returns false if
-    /// the state was not claimable or the cell was already claimed.
+    /// successful claim no update can ever land on it again. Returns false
+    /// if the state was not claimable, or the cell was already claimed or
+    /// frozen (so it is not the key's bucket any more).
     pub(crate) fn try_claim(&self, claimable: impl Fn(u64) -> bool) -> bool {
-        let mut current = self.state.load(Ordering::Relaxed);
+        self.claim(claimable) == Ok(true)
+    }
+
+    /// [`try_claim`](Cell::try_claim) that says why it failed: `Ok(false)`
+    /// when the state was not claimable.
+    pub(crate) fn claim(&self, claimable: impl Fn(u64) -> bool) -> Result<bool, Gone> {
+        let mut current = self.word.load(Ordering::Relaxed);
         loop {
-            if current == TOMBSTONE || !claimable(current) {
-                return false;
+            let state = updatable(current)?;
+            if !claimable(state) {
+                return Ok(false);
             }
-            match self.state.compare_exchange(
+            match self.word.compare_exchange(
                 current,
                 TOMBSTONE,
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return true,
+                Ok(_) => return Ok(true),
                 // An update landed first: judge its state afresh.
                 Err(actual) => current = actual,
             }
@@ -141,23 +261,17 @@ impl Cell {
     /// CAS loop, so the change lands atomically between whole decisions and
     /// is applied to the state current at that instant. Returns the state
     /// it wrote, or `None` when `change` asked for nothing.
-    pub(crate) fn modify(
-        &self,
-        change: impl Fn(u64) -> Option<u64>,
-    ) -> Result<Option<u64>, Tombstoned> {
-        let mut current = self.state.load(Ordering::Relaxed);
+    pub(crate) fn modify(&self, change: impl Fn(u64) -> Option<u64>) -> Result<Option<u64>, Gone> {
+        let mut current = self.word.load(Ordering::Relaxed);
         loop {
-            if current == TOMBSTONE {
-                return Err(Tombstoned);
-            }
-            let Some(next) = change(current) else {
+            let state = updatable(current)?;
+            let Some(next) = change(state) else {
                 return Ok(None);
             };
-            debug_assert_ne!(next, TOMBSTONE, "a change produced the tombstone");
             // Relaxed, as in `update`: the word publishes nothing else.
-            match self.state.compare_exchange_weak(
+            match self.word.compare_exchange_weak(
                 current,
-                next,
+                live(next),
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
@@ -170,9 +284,93 @@ impl Cell {
         }
     }
 
-    /// The raw state (for sampling eviction candidates and for tests).
-    pub(crate) fn load(&self) -> u64 {
-        self.state.load(Ordering::Relaxed)
+    /// The bucket's state now, for reads that write nothing (peeks, eviction
+    /// sampling). A frozen live cell still holds the current state: no
+    /// update lands anywhere until its copy is marked.
+    pub(crate) fn state(&self) -> Result<u64, Gone> {
+        match Seen::of(self.word.load(Ordering::Relaxed)) {
+            (Seen::Live(state), _) => Ok(state),
+            (Seen::Dead, _) => Err(Gone::Dead),
+            _ => Err(Gone::Moved),
+        }
+    }
+}
+
+/// The slot-life transitions, for the map (see its module docs).
+impl Cell {
+    /// The word, with `Acquire`: a reader that sees a published word may
+    /// read the slot's key next.
+    #[inline]
+    pub(crate) fn word(&self) -> u64 {
+        self.word.load(Ordering::Acquire)
+    }
+
+    /// EMPTY → BUSY: this thread may write the slot's key. Acquire on
+    /// failure: the caller reads the winner's key once it is published.
+    #[inline]
+    pub(crate) fn claim_empty(&self) -> bool {
+        self.word
+            .compare_exchange(EMPTY, BUSY, Ordering::Relaxed, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// BUSY → live `state`: publishes the key written since
+    /// [`claim_empty`](Cell::claim_empty). Only the claimer writes a BUSY
+    /// word (everyone else waits for it), so this is a store.
+    #[inline]
+    pub(crate) fn publish(&self, state: u64) {
+        self.word.store(live(state), Ordering::Release);
+    }
+
+    /// EMPTY → EMPTY|FROZEN: the slot will never be filled. False if it
+    /// was not EMPTY.
+    pub(crate) fn freeze_empty(&self) -> bool {
+        self.word
+            .compare_exchange(EMPTY, FROZEN, Ordering::Relaxed, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// `word` → `word`|FROZEN: no CAS of an update, claim or insert lands
+    /// on the cell after this. False if the word was not `word` any more.
+    pub(crate) fn freeze(&self, word: u64) -> bool {
+        debug_assert!(word & FROZEN == 0 && word != BUSY);
+        self.word
+            .compare_exchange(word, word | FROZEN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Frozen live `state` → frozen COPIED: the bucket's copy in the
+    /// successor is published (its key included), so the successor owns
+    /// the key now. Release: a reader that sees COPIED reads the copy next.
+    /// Idempotent: every thread that saw the copy in place may call it.
+    pub(crate) fn mark_copied(&self, state: u64) {
+        let _ = self.word.compare_exchange(
+            live(state) | FROZEN,
+            COPIED | FROZEN,
+            Ordering::Release,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Frozen live `state` → frozen TOMBSTONE: a bucket a migration could
+    /// not place (impossible by the sizing of successors; see `map::raw`).
+    pub(crate) fn kill_frozen(&self, state: u64) -> bool {
+        self.word
+            .compare_exchange(
+                live(state) | FROZEN,
+                TOMBSTONE | FROZEN,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// Whether the table that holds this cell owns its key: the key was
+    /// published and did not move to a successor. For dropping a table
+    /// (`&mut` access: no other thread is left).
+    pub(crate) fn owns_key(&mut self) -> bool {
+        let (seen, _) = Seen::of(self.word());
+        matches!(seen, Seen::Live(_) | Seen::Dead)
     }
 }
 
@@ -210,7 +408,36 @@ mod tests {
         );
         assert!(cell.try_claim(|state| state == 0));
         assert!(!cell.try_claim(|_| true), "claimed once");
-        assert_eq!(cell.update(&gcra, 0, 1), Err(Tombstoned));
-        assert_eq!(cell.load(), TOMBSTONE);
+        assert_eq!(cell.update(&gcra, 0, 1), Err(Gone::Dead));
+        assert_eq!(cell.state(), Err(Gone::Dead));
+    }
+
+    #[test]
+    fn a_frozen_cell_refuses_writes_but_reads_its_state() {
+        let gcra = Gcra::new(&"1/s burst 5".parse().unwrap());
+        let cell = Cell::new(0);
+        let _ = cell.update(&gcra, 0, 1);
+        let word = cell.word();
+        assert!(cell.freeze(word));
+        assert_eq!(cell.update(&gcra, 0, 1), Err(Gone::Moved));
+        assert_eq!(cell.claim(|_| true), Err(Gone::Moved));
+        assert_eq!(cell.modify(|_| Some(7)), Err(Gone::Moved));
+        let state = cell.state().unwrap();
+        assert_eq!(state, 1_000_000_000);
+        cell.mark_copied(state);
+        assert_eq!(Seen::of(cell.word()), (Seen::Copied, true));
+        assert_eq!(cell.state(), Err(Gone::Moved));
+    }
+
+    #[test]
+    fn every_word_reads_back() {
+        assert_eq!(Seen::of(0), (Seen::Empty, false));
+        assert_eq!(Seen::of(FROZEN), (Seen::Empty, true));
+        assert_eq!(Seen::of(live(0)), (Seen::Live(0), false));
+        let last = STATE_END - 1;
+        assert_eq!(Seen::of(live(last) | FROZEN), (Seen::Live(last), true));
+        assert_eq!(Seen::of(BUSY), (Seen::Busy, false));
+        assert_eq!(Seen::of(COPIED | FROZEN), (Seen::Copied, true));
+        assert_eq!(Seen::of(TOMBSTONE), (Seen::Dead, false));
     }
 }

@@ -148,7 +148,8 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
 
     fn peek_as(&self, cost: u64) -> Decision {
         let now = self.clock.now();
-        self.algorithm.decide(self.cell.load(), now, cost).decision
+        // A direct cell is never claimed or frozen: `state` is always `Ok`.
+        self.algorithm.decide(self.cell.state().unwrap_or(0), now, cost).decision
     }
 }
 
@@ -244,7 +245,7 @@ impl<C: Clock, A: Algorithm + fmt::Debug> fmt::Debug for DirectLimiter<C, A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DirectLimiter")
             .field("algorithm", &self.algorithm)
-            .field("state", &self.cell.load())
+            .field("state", &self.cell.state().unwrap_or(0))
             .finish_non_exhaustive()
     }
 }

@@ -15,7 +15,8 @@
 
 use std::num::NonZeroU64;
 
-use crate::algorithm::{sealed, Algorithm, Step, TOMBSTONE};
+use crate::algorithm::{sealed, Algorithm, Step};
+use crate::cell::STATE_END;
 use crate::cell::Charge;
 use crate::error::CostError;
 use crate::{Decision, Quota};
@@ -72,7 +73,7 @@ impl Gcra {
     /// or before `now` is a full bucket), and exact otherwise, since every
     /// token a check took added exactly `T` to the TAT.
     pub(crate) fn refunded(&self, tat: u64, now: u64, cost: u64) -> Option<u64> {
-        if tat <= now || tat == TOMBSTONE {
+        if tat <= now {
             return None;
         }
         // cost <= burst, so the product is at most tau: it fits.
@@ -92,9 +93,6 @@ impl Gcra {
         now: u64,
         cost: u64,
     ) -> Option<u64> {
-        if tat == TOMBSTONE {
-            return None;
-        }
         // cost <= burst, so the product is at most tau: it fits.
         let back = cost.min(self.burst.get()) * self.interval.get();
         let elapsed = now.saturating_sub(charge.now);
@@ -109,7 +107,8 @@ impl Gcra {
     /// when the TAT is already within the new tolerance.
     pub(crate) fn clamped(&self, tat: u64, now: u64) -> Option<u64> {
         let empty = now.saturating_add(self.tolerance);
-        (tat > empty && tat != TOMBSTONE && empty != TOMBSTONE).then_some(empty)
+        // A stored TAT is below STATE_END, so `empty < tat` is storable too.
+        (tat > empty).then_some(empty)
     }
 }
 
@@ -136,16 +135,17 @@ impl Algorithm for Gcra {
         let base = tat.max(now);
         let backlog = base - now;
         match base.checked_add(increment) {
-            // TOMBSTONE is reserved, so the largest TAT we may store is one less.
-            Some(next) if next - now <= tau && next != TOMBSTONE => Step {
+            // The cell reserves the words from STATE_END on (2^63 - 4 ns,
+            // 292 years after the clock's origin).
+            Some(next) if next - now <= tau && next < STATE_END => Step {
                 next: Some(next),
                 decision: Decision::allowed(burst, tau - (next - now), t, next - now),
             },
             sum => {
                 let retry = match sum {
-                    // A TAT that would land on the tombstone can never be
-                    // recorded, so waiting would not help either.
-                    Some(next) if next - now > tau && next != TOMBSTONE => next - now - tau,
+                    // A TAT at or past STATE_END can never be recorded, so
+                    // waiting would not help either.
+                    Some(next) if next - now > tau && next < STATE_END => next - now - tau,
                     // The new TAT cannot be recorded: the end of the clock.
                     _ => u64::MAX,
                 };
@@ -257,6 +257,15 @@ mod tests {
         assert!(step.decision.is_denied());
         let step = g.check(u64::MAX - 1, u64::MAX, 1).unwrap();
         assert!(step.decision.is_denied());
+        // The last storable TAT is STATE_END - 1: one interval short of it
+        // is still admitted, and the request after it is denied for good.
+        let last = STATE_END - 1;
+        let step = g.check(0, last - S, 1).unwrap();
+        assert_eq!(step.next, Some(last));
+        let step = g.check(last, last, 1).unwrap();
+        assert_eq!(step.next, None);
+        let never = Some(Duration::from_nanos(u64::MAX));
+        assert_eq!(step.decision.retry_after(), never);
         assert!(g.is_idle(0, 0));
         assert!(!g.is_idle(1, 0));
     }

@@ -115,10 +115,10 @@ use std::hash::Hash;
 use std::marker::PhantomData;
 
 use crate::algorithm::Algorithm;
-use crate::cell::{Charge, Tombstoned};
+use crate::cell::{Charge, Gone};
 use crate::clock::{Clock, DefaultClock};
 use crate::error::CostError;
-use crate::map::{Map, Node, Pinned};
+use crate::map::{Map, Pinned, Slot};
 use crate::stats::{Counters, Event};
 use crate::sync::{AtomicU64, Ordering};
 use crate::{Decision, Gcra, Quota};
@@ -150,8 +150,8 @@ enum Admitted<'p, K> {
     /// Inserted, with this request decided on its fresh bucket (and the
     /// admission it made there, if it admitted).
     Inserted(Decision, Option<Charge>),
-    /// Another thread inserted it first: decide on its node.
-    Found(&'p Node<K>),
+    /// Another thread inserted it first: decide on its bucket.
+    Found(&'p Slot<K>),
     /// The overflow policy keeps it out; decide at this reading.
     Refused(u64),
 }
@@ -350,22 +350,24 @@ where
         D: Algorithm,
     {
         loop {
-            let node = match map.find(hash, key) {
-                Some(node) => node,
+            let slot = match map.find(hash, key) {
+                Some(slot) => slot,
                 None => match self.admit(map, hash, key, now, cost, algorithm, idle) {
                     Admitted::Inserted(decision, _) => return decision,
-                    Admitted::Found(node) => node,
+                    Admitted::Found(slot) => slot,
                     Admitted::Refused(now) => return self.overflow_decision(algorithm, now, cost),
                 },
             };
-            match node.cell.update(algorithm, *now, cost) {
+            match slot.cell.update(algorithm, *now, cost) {
                 Ok(decision) => return decision,
                 // Evicted under our feet: the key is absent now; look again.
-                Err(Tombstoned) => {
+                Err(Gone::Dead) => {
                     #[cfg(turnstile_loom)]
                     crate::probe::hit(&crate::probe::UPDATE_MET_TOMBSTONE);
-                    continue;
                 }
+                // Frozen by a migration: look again, and the lookup finds
+                // the bucket in the successor (copying it there if needed).
+                Err(Gone::Moved) => {}
             }
         }
     }
@@ -426,12 +428,12 @@ where
                     decided = Some((step.decision, charge));
                     step.next.unwrap_or(0)
                 };
-                let (node, inserted) = map.insert(hash, key, || key.to_owned(), fresh_state, idle);
+                let (slot, inserted) = map.insert(hash, key, || key.to_owned(), fresh_state, idle);
                 if let (true, Some((decision, charge))) = (inserted, decided) {
                     std::mem::forget(reservation);
                     return Admitted::Inserted(decision, charge);
                 }
-                return Admitted::Found(node);
+                return Admitted::Found(slot);
             }
             if self.overflow != OverflowPolicy::EvictFullest {
                 break;

@@ -94,7 +94,7 @@ mod sync;
 #[cfg(feature = "tokio")]
 mod wait;
 
-pub use algorithm::{Algorithm, Step, TOMBSTONE};
+pub use algorithm::{Algorithm, Step};
 pub use clock::{Clock, DefaultClock, ManualClock, MonotonicClock, QuantaClock, RecentClock};
 pub use decision::Decision;
 pub use direct::DirectLimiter;

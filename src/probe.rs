@@ -57,8 +57,20 @@ pub static UPDATE_MET_TOMBSTONE: Probe = Probe::new();
 /// An overflow eviction claimed no victim (its choice was updated or
 /// evicted by another thread first).
 pub static EVICTION_LOST: Probe = Probe::new();
-/// A lookup found its node through a slot that a migration had frozen or
-/// copied: the reader is on the old table while the node moves.
+/// A check's CAS met a frozen cell: a migration froze its bucket between
+/// the lookup and the update, so the check goes on to the successor.
+pub static UPDATE_MET_FROZEN: Probe = Probe::new();
+/// A lookup or insert met its own key frozen and not yet copied, and copied
+/// it into the successor itself (the migration's claimer had not yet).
+pub static COPIED_BY_READER: Probe = Probe::new();
+/// A copy found its key already in the successor (another thread copied it
+/// first), and placed nothing.
+pub static COPY_FOUND_IN_PLACE: Probe = Probe::new();
+/// A thread met a slot claimed by an insert still writing its key, and
+/// waited for it.
+pub static WAITED_FOR_BUSY_SLOT: Probe = Probe::new();
+/// A checker read its bucket's state from a table that was then retired
+/// (the root swung past it) before the checker let go of it.
 pub static READ_FROM_MIGRATING_TABLE: Probe = Probe::new();
 /// An insert lost its slot's CAS (another insert filled it, or a thread
 /// going on to the successor froze it).
@@ -76,7 +88,8 @@ pub static WAITED_FOR_CLAIMED_CHUNKS: Probe = Probe::new();
 pub static ROOT_SWUNG_BY_HELPER: Probe = Probe::new();
 /// A migration's chunks were copied by two different threads.
 pub static CHUNKS_COPIED_BY_TWO_THREADS: Probe = Probe::new();
-/// A migration dropped a dead node and handed it to the epoch.
+/// A migration left a dead or idle bucket behind (its key is freed with
+/// the old table, through the epoch).
 pub static NODE_DROPPED: Probe = Probe::new();
 /// A multi-limit rollback found the limit's state moved since its charge
 /// (another check charged or rolled back in between).

@@ -17,3 +17,41 @@ pub(crate) use std::thread::yield_now;
 
 #[cfg(turnstile_loom)]
 pub(crate) use loom::thread::yield_now;
+
+/// An `UnsafeCell` with loom's closure API, so loom can check every access
+/// to the map's keys for data races (see `map::raw`). Built only as zeroed
+/// memory outside loom, so it has no constructor there.
+#[cfg(not(turnstile_loom))]
+#[derive(Debug)]
+#[repr(transparent)]
+pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+#[cfg(not(turnstile_loom))]
+impl<T> UnsafeCell<T> {
+    #[inline(always)]
+    pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+        f(self.0.get())
+    }
+
+    #[inline(always)]
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}
+
+#[cfg(turnstile_loom)]
+pub(crate) use loom::cell::UnsafeCell;
+
+/// Waits for another thread to finish a step of a few instructions (an
+/// insert publishing its key): spins a little, then yields.
+#[inline]
+pub(crate) fn wait_briefly(attempt: &mut u32) {
+    #[cfg(not(turnstile_loom))]
+    if *attempt < 64 {
+        *attempt += 1;
+        std::hint::spin_loop();
+        return;
+    }
+    let _ = attempt;
+    yield_now();
+}

@@ -8,13 +8,14 @@ use crate::algorithm::{sealed, Algorithm, Step};
 use crate::error::{CostError, QuotaError};
 use crate::{Decision, Quota};
 
-/// One bucket's state: window index (high 40 bits) and count (low 24).
+/// One bucket's state: window index (39 bits) and count (low 24); the top
+/// bit is always clear (the map's cell reserves it, see `crate::cell`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct State(u64);
 
 impl State {
     const COUNT_BITS: u32 = 24;
-    const INDEX_BITS: u32 = 40;
+    const INDEX_BITS: u32 = 39;
     const COUNT_MASK: u64 = (1 << Self::COUNT_BITS) - 1;
     /// The first window index that cannot be stored.
     const INDEX_END: u64 = 1 << Self::INDEX_BITS;
@@ -33,16 +34,17 @@ impl State {
     }
 }
 
-/// The largest limit: one below the all-ones count, so a state is never
-/// the tombstone.
-const MAX_LIMIT: u64 = State::COUNT_MASK - 1;
-/// The shortest window whose index fits in 40 bits for the whole horizon.
+/// The largest limit: four below the all-ones count, so even the last
+/// window's fullest state stays below the cell's reserved words.
+const MAX_LIMIT: u64 = State::COUNT_MASK - 4;
+/// The shortest window whose index fits in 39 bits for the whole horizon.
 const MIN_PERIOD: u64 = min_period_nanos(State::INDEX_BITS);
 
-const _: () = assert!(State::COUNT_BITS + State::INDEX_BITS == u64::BITS);
-// A stored count is at most MAX_LIMIT < COUNT_MASK, so the low bits of a
-// state are never all ones and no state equals TOMBSTONE (u64::MAX).
-const _: () = assert!(MAX_LIMIT < State::COUNT_MASK);
+const _: () = assert!(State::COUNT_BITS + State::INDEX_BITS == u64::BITS - 1);
+// The largest state (last index, count MAX_LIMIT) is below STATE_END.
+const _: () = assert!(
+    (State::INDEX_END - 1) << State::COUNT_BITS | MAX_LIMIT < crate::cell::STATE_END
+);
 const _: () = assert!(MIN_PERIOD > 2_860_000 && MIN_PERIOD < 2_880_000);
 
 /// The fixed-window counter: at most `limit` requests in each window of one
@@ -75,13 +77,13 @@ const _: () = assert!(MIN_PERIOD > 2_860_000 && MIN_PERIOD < 2_880_000);
 ///
 /// # State
 ///
-/// `index << 24 | count`: the window index `now / period` in the high 40
-/// bits, the count in the low 24. State `0` (window 0, count 0) is the empty
+/// `index << 24 | count`: the window index `now / period` in 39 bits above
+/// the count's low 24, the top bit clear. State `0` (window 0, count 0) is the empty
 /// bucket: a count of 0 means nothing recorded in any window. The limit is at
-/// most `2^24 - 2`, so the count field is never all ones and the state is
-/// never [`TOMBSTONE`](crate::TOMBSTONE); the period is at least
-/// [`HORIZON / 2^40`](crate::algorithms#the-horizon) (about 2.87 ms), so the index
-/// never wraps within 100 years of the clock's origin, and past `2^40`
+/// most `2^24 - 5`, so no state reaches the words the keyed map reserves;
+/// the period is at least
+/// [`HORIZON / 2^39`](crate::algorithms#the-horizon) (about 2.87 ms), so the index
+/// never wraps within 50 years of the clock's origin, and past `2^39`
 /// windows every request is denied instead.
 ///
 /// # A clock that steps backwards
@@ -101,9 +103,9 @@ impl FixedWindow {
     /// A fixed window of `quota.period()` admitting `quota.count()` requests
     /// (the burst does not apply to windows).
     ///
-    /// [`QuotaError::DoesNotFit`] if the count is above 16,777,214 (24 bits,
+    /// [`QuotaError::DoesNotFit`] if the count is above 16,777,211 (24 bits,
     /// less one value kept for the tombstone) or the period is shorter than
-    /// about 2.87 ms (2^40 windows must span 100 years).
+    /// about 2.87 ms (2^39 windows must span 50 years).
     pub fn new(quota: &Quota) -> Result<FixedWindow, QuotaError> {
         let (period, limit) = super::packed_window(
             quota,
@@ -325,7 +327,7 @@ mod tests {
 
     #[test]
     fn quotas_that_do_not_fit_name_the_bound() {
-        let err = FixedWindow::new(&"16777215/h".parse().unwrap()).unwrap_err();
+        let err = FixedWindow::new(&"16777212/h".parse().unwrap()).unwrap_err();
         assert!(matches!(
             err,
             QuotaError::DoesNotFit {
@@ -334,15 +336,15 @@ mod tests {
             }
         ));
         let message = err.to_string();
-        assert!(message.contains("16777214"), "{message}");
-        assert!(message.contains("16777215/h"), "{message}");
-        assert_eq!(window("16777214/h").limit(), MAX_LIMIT);
+        assert!(message.contains("16777211"), "{message}");
+        assert!(message.contains("16777212/h"), "{message}");
+        assert_eq!(window("16777211/h").limit(), MAX_LIMIT);
 
         let message = FixedWindow::new(&"1/2ms".parse().unwrap())
             .unwrap_err()
             .to_string();
         assert!(message.contains("2.870148ms"), "{message}");
-        assert!(message.contains("40 bits"), "{message}");
+        assert!(message.contains("39 bits"), "{message}");
         let shortest = Quota::new(1, Duration::from_nanos(MIN_PERIOD)).unwrap();
         assert!(FixedWindow::new(&shortest).is_ok());
         let too_short = Quota::new(1, Duration::from_nanos(MIN_PERIOD - 1)).unwrap();
@@ -366,7 +368,7 @@ mod tests {
 
     #[test]
     fn extreme_inputs_never_panic_or_wrap() {
-        for text in ["16777214/20ms", "1/2.870148ms", "1000/min", "7/100d"] {
+        for text in ["16777211/20ms", "1/2.870148ms", "1000/min", "7/100d"] {
             let w = window(text);
             for state in [
                 0,
@@ -378,7 +380,7 @@ mod tests {
                 for now in [0, 1, u64::MAX / 2, u64::MAX - 1, u64::MAX] {
                     for cost in [1, MAX_LIMIT, u64::MAX] {
                         let step = w.decide(state, now, cost);
-                        assert_ne!(step.next, Some(u64::MAX));
+                        assert!(step.next.is_none_or(|next| next < crate::cell::STATE_END));
                         let _ = w.is_idle(state, now);
                     }
                 }

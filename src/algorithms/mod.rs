@@ -7,8 +7,8 @@
 //! | algorithm | state per key | at a window boundary | bursts |
 //! |-----------|---------------|----------------------|--------|
 //! | [`Gcra`](crate::Gcra) | one `u64` (packed cell) | no boundary: tokens come back one every `T` | up to the quota's `burst`, then one per `T` |
-//! | [`FixedWindow`] | one `u64` (packed cell): window index (40 bits) and count (24 bits) | the count starts afresh, so `2 * limit` can pass in a moment straddling it | the whole `limit` at once, anywhere in the window |
-//! | [`SlidingWindow`] | one `u64` (packed cell): window index (32 bits), previous and current counts (16 bits each) | the previous window's count fades out linearly, so the spike is gone; it is an estimate that assumes the previous window's requests were spread evenly | `limit` at once from an idle start, then as the estimate allows |
+//! | [`FixedWindow`] | one `u64` (packed cell): window index (39 bits) and count (24 bits) | the count starts afresh, so `2 * limit` can pass in a moment straddling it | the whole `limit` at once, anywhere in the window |
+//! | [`SlidingWindow`] | one `u64` (packed cell): window index (31 bits), previous and current counts (16 bits each) | the previous window's count fades out linearly, so the spike is gone; it is an estimate that assumes the previous window's requests were spread evenly | `limit` at once from an idle start, then as the estimate allows |
 //! | [`SlidingLog`] | one entry per distinct request time, up to `limit` entries of 16 bytes, behind a `Mutex` | exact: no more than `limit` in any window of one period | the whole `limit` at once, then each slot frees exactly one period after it was taken |
 //!
 //! The seed scenario, limit 100 a minute with 150 requests at 59.9 s and 150
@@ -26,9 +26,9 @@
 //!
 //! The packed algorithms store the window index `now / period` in a fixed
 //! number of bits, and an index must never wrap around to alias an old
-//! window. So `period * 2^bits` must reach a horizon of 100 years (of 365.25
-//! days) of clock time: the fixed window (40 bits) needs a period of at least
-//! about 2.87 ms, the sliding window (32 bits) at least about 0.735 s. A
+//! window. So `period * 2^bits` must reach a horizon of 50 years (of 365.25
+//! days) of clock time: the fixed window (39 bits) needs a period of at least
+//! about 2.87 ms, the sliding window (31 bits) at least about 0.735 s. A
 //! shorter period is a [`QuotaError::DoesNotFit`](crate::QuotaError) at
 //! construction. A clock that does run past `2^bits` windows gets denials,
 //! never a wrapped index.
@@ -46,9 +46,9 @@ pub use fixed_window::FixedWindow;
 pub use sliding_log::SlidingLog;
 pub use sliding_window::SlidingWindow;
 
-/// 100 years of 365.25 days, in nanoseconds: how long after its clock's
+/// 50 years of 365.25 days, in nanoseconds: how long after its clock's
 /// origin a packed window algorithm must keep distinct window indexes.
-pub(crate) const HORIZON_NANOS: u64 = 36_525 * 86_400 * 1_000_000_000;
+pub(crate) const HORIZON_NANOS: u64 = 36_525 * 86_400 * 1_000_000_000 / 2;
 
 /// The shortest period whose `2^index_bits` windows reach the horizon.
 pub(crate) const fn min_period_nanos(index_bits: u32) -> u64 {
@@ -81,7 +81,7 @@ pub(crate) fn packed_window(
     if quota.period_nanos() < min_period {
         return Err(does_not_fit(format!(
             "a window of {:?} is shorter than the minimum of {:?} (the window index is \
-             packed in {index_bits} bits, and 2^{index_bits} windows must span 100 years); \
+             packed in {index_bits} bits, and 2^{index_bits} windows must span 50 years); \
              use a longer period, or GCRA, which has no such bound",
             quota.period(),
             Duration::from_nanos(min_period)
@@ -104,10 +104,10 @@ mod tests {
 
     #[test]
     fn horizon_bounds() {
-        assert_eq!(min_period_nanos(40), 2_870_148);
-        assert_eq!(min_period_nanos(32), 734_757_633);
-        assert!(u128::from(min_period_nanos(40)) << 40 >= u128::from(HORIZON_NANOS));
-        assert!(u128::from(min_period_nanos(40) - 1) << 40 < u128::from(HORIZON_NANOS));
+        assert_eq!(min_period_nanos(39), 2_870_148);
+        assert_eq!(min_period_nanos(31), 734_757_633);
+        assert!(u128::from(min_period_nanos(39)) << 39 >= u128::from(HORIZON_NANOS));
+        assert!(u128::from(min_period_nanos(39) - 1) << 39 < u128::from(HORIZON_NANOS));
         assert_eq!(nanos_until(5, 7), 0);
         assert_eq!(nanos_until(u128::MAX, 0), u64::MAX);
     }

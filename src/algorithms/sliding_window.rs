@@ -9,20 +9,25 @@ use crate::algorithm::{sealed, Algorithm, Step};
 use crate::error::{CostError, QuotaError};
 use crate::{Decision, Quota};
 
-/// One bucket's state: window index (high 32 bits), previous window's count
-/// (next 16), current window's count (low 16).
+/// One bucket's state: window index (31 bits), previous window's count
+/// (next 16), current window's count (low 16); the top bit is always clear
+/// (the map's cell reserves it, see `crate::cell`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct State(u64);
 
 impl State {
     const COUNT_BITS: u32 = 16;
-    const INDEX_BITS: u32 = 32;
+    const INDEX_BITS: u32 = 31;
     const COUNT_MASK: u64 = (1 << Self::COUNT_BITS) - 1;
     /// The first window index that cannot be stored.
     const INDEX_END: u64 = 1 << Self::INDEX_BITS;
 
     fn new(index: u64, prev: u64, cur: u64) -> State {
         debug_assert!(index < Self::INDEX_END && prev <= Self::COUNT_MASK && cur <= MAX_LIMIT);
+        // A stored `prev` was a stored `cur`, so at most MAX_LIMIT; the
+        // clamp keeps even an arbitrary input state's successor below
+        // STATE_END.
+        let prev = prev.min(MAX_LIMIT);
         State(index << (2 * Self::COUNT_BITS) | prev << Self::COUNT_BITS | cur)
     }
 
@@ -39,16 +44,19 @@ impl State {
     }
 }
 
-/// The largest limit: one below the all-ones count, so a state is never
-/// the tombstone.
+/// The largest limit: one below the all-ones count.
 const MAX_LIMIT: u64 = State::COUNT_MASK - 1;
-/// The shortest window whose index fits in 32 bits for the whole horizon.
+/// The shortest window whose index fits in 31 bits for the whole horizon.
 const MIN_PERIOD: u64 = min_period_nanos(State::INDEX_BITS);
 
-const _: () = assert!(2 * State::COUNT_BITS + State::INDEX_BITS == u64::BITS);
-// A stored `cur` is at most MAX_LIMIT < COUNT_MASK, so the low 16 bits of a
-// state are never all ones and no state equals TOMBSTONE (u64::MAX).
-const _: () = assert!(MAX_LIMIT < State::COUNT_MASK);
+const _: () = assert!(2 * State::COUNT_BITS + State::INDEX_BITS == u64::BITS - 1);
+// The largest state (last index, both counts full) is below STATE_END.
+const _: () = assert!(
+    (State::INDEX_END - 1) << (2 * State::COUNT_BITS)
+        | MAX_LIMIT << State::COUNT_BITS
+        | MAX_LIMIT
+        < crate::cell::STATE_END
+);
 const _: () = assert!(MIN_PERIOD > 730_000_000 && MIN_PERIOD < 740_000_000);
 
 /// The sliding-window counter: the previous window's count, weighted by
@@ -111,12 +119,12 @@ const _: () = assert!(MIN_PERIOD > 730_000_000 && MIN_PERIOD < 740_000_000);
 ///
 /// # State
 ///
-/// `index << 32 | prev << 16 | cur`: the window index `now / period` in the
-/// high 32 bits and the two counts in 16 bits each. State `0` (window 0, no
-/// counts) is the empty bucket. The limit is at most `2^16 - 2`, so `cur` is
-/// never all ones and no state is [`TOMBSTONE`](crate::TOMBSTONE); the
-/// period is at least [`HORIZON / 2^32`](crate::algorithms#the-horizon) (about 0.735 s),
-/// so the index never wraps within 100 years of the clock's origin. For
+/// `index << 32 | prev << 16 | cur`: the window index `now / period` in 31
+/// bits above the two counts of 16 bits each, the top bit clear. State `0` (window 0, no
+/// counts) is the empty bucket. The limit is at most `2^16 - 2`, so no state
+/// reaches the words the keyed map reserves; the
+/// period is at least [`HORIZON / 2^31`](crate::algorithms#the-horizon) (about 0.735 s),
+/// so the index never wraps within 50 years of the clock's origin. For
 /// shorter periods or larger limits use GCRA, which has neither bound.
 ///
 /// # A clock that steps backwards
@@ -149,7 +157,7 @@ impl SlidingWindow {
     ///
     /// [`QuotaError::DoesNotFit`] if the count is above 65,534 (16 bits,
     /// less one value kept for the tombstone) or the period is shorter than
-    /// about 0.735 s (2^32 windows must span 100 years); GCRA has neither
+    /// about 0.735 s (2^31 windows must span 50 years); GCRA has neither
     /// bound.
     pub fn new(quota: &Quota) -> Result<SlidingWindow, QuotaError> {
         let (period, limit) = super::packed_window(
@@ -186,7 +194,7 @@ impl SlidingWindow {
             return None;
         }
         // Backwards clock: a reading before the recorded window counts as
-        // that window's start. `state.index() < 2^32`, so this fits in u64
+        // that window's start. `state.index() < 2^31`, so this fits in u64
         // for every period that passed `new` with a reachable `now`; u128
         // keeps arbitrary states total.
         let recorded_start = u128::from(state.index()) * u128::from(period);
@@ -485,7 +493,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(message.contains("734.757633ms"), "{message}");
-        assert!(message.contains("32 bits"), "{message}");
+        assert!(message.contains("31 bits"), "{message}");
         assert!(message.contains("GCRA"), "{message}");
         let shortest = Quota::new(1, Duration::from_nanos(MIN_PERIOD)).unwrap();
         assert!(SlidingWindow::new(&shortest).is_ok());
@@ -531,7 +539,7 @@ mod tests {
                 for now in [0, 1, u64::MAX / 2, u64::MAX - 1, u64::MAX] {
                     for cost in [1, MAX_LIMIT, u64::MAX] {
                         let step = w.decide(state, now, cost);
-                        assert_ne!(step.next, Some(u64::MAX));
+                        assert!(step.next.is_none_or(|next| next < crate::cell::STATE_END));
                         let _ = w.is_idle(state, now);
                     }
                 }

@@ -2,16 +2,16 @@
 //! misses overlapped.
 //!
 //! At a million keys a single check spends most of its time waiting for
-//! memory: its key's slot, then its node, each a cache miss, and the next
-//! check cannot start its misses early because the clock read between them
-//! serialises the loop. A batch reads the clock once, pins the map once,
-//! and then, [`LANES`] keys at a time:
+//! memory: its key's slot (which holds the bucket) is a cache miss, and the
+//! next check cannot start its miss early because the clock read between
+//! them serialises the loop. A batch reads the clock once, pins the map
+//! once, and then, [`LANES`] keys at a time:
 //!
-//! 1. hashes every key and asks the CPU to fetch its home slot;
+//! 1. hashes every key;
 //! 2. decides the keys in slice order, each through the same code as
-//!    [`check_n`](KeyedLimiter::check_n), while fetching the node of the key
-//!    [`PREFETCH_DISTANCE`] places ahead (its slot, fetched in step 1, has
-//!    arrived by then, so reading the node's address costs little).
+//!    [`check_n`](KeyedLimiter::check_n), while asking the CPU to fetch the
+//!    home slot of the key [`PREFETCH_DISTANCE`] places ahead, so that
+//!    several keys' misses are in flight at once.
 //!
 //! The prefetches are hints (`core::arch` on x86_64 and aarch64, nothing
 //! elsewhere): they change no state, so the decisions are exactly those of
@@ -39,8 +39,8 @@ use crate::Decision;
 /// Keys hashed and prefetched together: their hashes live on the stack.
 const LANES: usize = 32;
 
-/// How many keys ahead of the one being decided a batch fetches the node
-/// of, chosen by measurement (`BENCHMARKS.md`, group `batch/distance`).
+/// How many keys ahead of the one being decided a batch fetches the home
+/// slot of, chosen by measurement (`BENCHMARKS.md`, group `batch/distance`).
 pub const PREFETCH_DISTANCE: usize = 8;
 
 impl<K, C, A> KeyedLimiter<K, C, A>
@@ -179,19 +179,14 @@ where
             let first = lane * LANES;
             for (hash, key) in hashes.iter_mut().zip(chunk) {
                 *hash = self.map.hash(key);
-                if distance > 0 {
-                    map.prefetch_slot(*hash);
-                }
             }
             let hashes = &hashes[..chunk.len()];
             for &hash in hashes.iter().take(distance) {
-                map.prefetch_node(hash);
+                map.prefetch_slot(hash);
             }
             for (i, (key, &hash)) in chunk.iter().zip(hashes).enumerate() {
-                if distance > 0 {
-                    if let Some(&ahead) = hashes.get(i + distance) {
-                        map.prefetch_node(ahead);
-                    }
+                if let Some(&ahead) = hashes.get(i + distance).filter(|_| distance > 0) {
+                    map.prefetch_slot(ahead);
                 }
                 let cost = cost(first + i);
                 let algorithm = &self.algorithm;

@@ -8,8 +8,8 @@ use std::borrow::Borrow;
 use std::hash::Hash;
 
 use super::{Admitted, KeyedLimiter};
-use crate::algorithm::{Algorithm, TOMBSTONE};
-use crate::cell::{Charge, Tombstoned};
+use crate::algorithm::Algorithm;
+use crate::cell::{Charge, Gone};
 use crate::clock::Clock;
 use crate::error::CostError;
 use crate::stats::{Event, Stats};
@@ -162,10 +162,17 @@ where
     {
         let hash = self.map.hash(key);
         let map = self.map.pin();
-        match map.find(hash, key).map(|node| node.cell.load()) {
-            // Claimed by an evictor after `find` saw it: absent from then on.
-            Some(TOMBSTONE) | None => 0,
-            Some(state) => state,
+        loop {
+            let Some(slot) = map.find(hash, key) else {
+                return 0;
+            };
+            match slot.cell.state() {
+                Ok(state) => return state,
+                // Claimed by an evictor after `find` saw it: absent from then on.
+                Err(Gone::Dead) => return 0,
+                // Moved to a successor table since `find`: look again.
+                Err(Gone::Moved) => {}
+            }
         }
     }
 
@@ -317,14 +324,18 @@ where
         let now = self.clock.now();
         let hash = self.map.hash(key);
         let map = self.map.pin();
-        let Some(node) = map.find(hash, key) else {
-            // Absent is full: nothing to give back.
-            return false;
-        };
-        match node.cell.modify(|tat| gcra.refunded(tat, now, n)) {
-            Ok(written) => written.is_some(),
-            // Evicted (or reset) since `find`: full from then on.
-            Err(Tombstoned) => false,
+        loop {
+            let Some(slot) = map.find(hash, key) else {
+                // Absent is full: nothing to give back.
+                return false;
+            };
+            match slot.cell.modify(|tat| gcra.refunded(tat, now, n)) {
+                Ok(written) => return written.is_some(),
+                // Evicted (or reset) since `find`: full from then on.
+                Err(Gone::Dead) => return false,
+                // Moved to a successor table since `find`: look again.
+                Err(Gone::Moved) => {}
+            }
         }
     }
 }
@@ -357,21 +368,21 @@ where
         // decide at that reading.
         let mut now = first;
         loop {
-            let node = match map.find(hash, key) {
-                Some(node) => node,
+            let slot = match map.find(hash, key) {
+                Some(slot) => slot,
                 None => match self.admit(&map, hash, key, &mut now, n, algorithm, &idle) {
                     Admitted::Inserted(decision, charge) => return (decision, charge),
-                    Admitted::Found(node) => node,
+                    Admitted::Found(slot) => slot,
                     // Untracked or refused: nothing was charged.
                     Admitted::Refused(now) => {
                         return (self.overflow_decision(algorithm, now, n), None)
                     }
                 },
             };
-            match node.cell.charge(algorithm, now, n) {
+            match slot.cell.charge(algorithm, now, n) {
                 Ok(charged) => return charged,
-                // Evicted under our feet: the key is absent now; look again.
-                Err(Tombstoned) => continue,
+                // Evicted or moved under our feet: look again.
+                Err(Gone::Dead | Gone::Moved) => continue,
             }
         }
     }
@@ -390,18 +401,24 @@ where
     {
         let hash = self.map.hash(key);
         let map = self.map.pin();
-        let Some(node) = map.find(hash, key) else {
-            return true;
-        };
         let (algorithm, clock) = (&self.algorithm, &self.clock);
         let raced = std::cell::Cell::new(false);
-        // Tombstoned since `find`: as absent.
-        let _ = node.cell.modify(|tat| {
-            raced.set(tat != charge.after);
-            // Read after the state: every admission in `tat` read the
-            // clock no later than this.
-            algorithm.rolled_back(tat, charge, clock.now(), n)
-        });
-        raced.get()
+        loop {
+            let Some(slot) = map.find(hash, key) else {
+                return true;
+            };
+            let rolled = slot.cell.modify(|tat| {
+                raced.set(tat != charge.after);
+                // Read after the state: every admission in `tat` read the
+                // clock no later than this.
+                algorithm.rolled_back(tat, charge, clock.now(), n)
+            });
+            match rolled {
+                // Dead since `find`: as absent.
+                Ok(_) | Err(Gone::Dead) => return raced.get(),
+                // Moved to a successor table since `find`: look again.
+                Err(Gone::Moved) => {}
+            }
+        }
     }
 }

@@ -15,12 +15,11 @@ use crossbeam_epoch::{Collector, Guard};
 
 use raw::RawMap;
 pub use raw::MIGRATION_CHUNK;
-pub(crate) use raw::{Idle, Node};
+pub(crate) use raw::{Idle, Slot};
 
-/// A lock-free map from keys to cells that never move.
+/// A lock-free map from keys to cells (see [`raw`] for the layout).
 pub(crate) struct Map<K> {
     raw: RawMap<K>,
-    hasher: ahash::RandomState,
     /// Threads' cached handles on `collector` watch this to know when to
     /// let go of them (see `pin`).
     alive: pin::Alive,
@@ -31,6 +30,10 @@ pub(crate) struct Map<K> {
 
 impl<K> Map<K> {
     pub(crate) fn new() -> Self {
+        Map::with_hasher(new_hasher())
+    }
+
+    fn with_hasher(hasher: ahash::RandomState) -> Self {
         let collector = Collector::new();
         // crossbeam-epoch's own teardown of a collector is reported by Miri
         // (crossbeam issue #545: `List::drop` frees a `Local` while its
@@ -39,8 +42,7 @@ impl<K> Map<K> {
         #[cfg(miri)]
         std::mem::forget(collector.clone());
         Map {
-            raw: RawMap::new(),
-            hasher: new_hasher(),
+            raw: RawMap::new(hasher),
             alive: pin::Alive::new(),
             collector,
         }
@@ -50,9 +52,12 @@ impl<K> Map<K> {
     /// same requests make the same choices (tests only; see
     /// `KeyedLimiterBuilder::hasher_seed`).
     pub(crate) fn seeded(seed: u64) -> Self {
-        let mut map = Map::new();
-        map.hasher = ahash::RandomState::with_seeds(seed, !seed, seed.rotate_left(32), 1);
-        map
+        Map::with_hasher(ahash::RandomState::with_seeds(
+            seed,
+            !seed,
+            seed.rotate_left(32),
+            1,
+        ))
     }
 
     /// Live keys.
@@ -71,7 +76,7 @@ impl<K> Map<K> {
 
     #[inline]
     pub(crate) fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
-        self.hasher.hash_one(key)
+        self.raw.hash(key)
     }
 }
 
@@ -109,7 +114,7 @@ impl<K> fmt::Debug for Map<K> {
     }
 }
 
-/// A map pinned on the current thread: nodes it returns stay valid while it
+/// A map pinned on the current thread: slots it returns stay valid while it
 /// lives.
 pub(crate) struct Pinned<'m, K> {
     raw: &'m RawMap<K>,
@@ -133,20 +138,12 @@ impl<K> Pinned<'_, K> {
     pub(crate) fn prefetch_slot(&self, hash: u64) {
         self.raw.prefetch_slot(hash, &self.guard)
     }
-
-    /// Starts fetching the node the home slot of `hash` points at (a hint:
-    /// changes nothing; best once [`prefetch_slot`](Self::prefetch_slot)
-    /// has brought the slot in).
-    #[inline]
-    pub(crate) fn prefetch_node(&self, hash: u64) {
-        self.raw.prefetch_node(hash, &self.guard)
-    }
 }
 
 impl<K: Hash + Eq> Pinned<'_, K> {
-    /// The live node for `key`.
+    /// The live bucket for `key`.
     #[inline]
-    pub(crate) fn find<Q>(&self, hash: u64, key: &Q) -> Option<&Node<K>>
+    pub(crate) fn find<Q>(&self, hash: u64, key: &Q) -> Option<&Slot<K>>
     where
         K: Borrow<Q>,
         Q: ?Sized + Eq,
@@ -154,8 +151,8 @@ impl<K: Hash + Eq> Pinned<'_, K> {
         self.raw.find(hash, key, &self.guard)
     }
 
-    /// The live node for `key`, inserting a fresh one made by `make` and
-    /// holding what `state` returns right before it is published, if there
+    /// The live bucket for `key`, inserting a fresh one (its key made by
+    /// `make`) holding what `state` returns right before it is published, if there
     /// is none; the bool says whether this call inserted it. The caller
     /// holds a reservation for the key (from
     /// [`try_reserve`](Self::try_reserve) or
@@ -168,7 +165,7 @@ impl<K: Hash + Eq> Pinned<'_, K> {
         make: impl FnOnce() -> K,
         state: impl FnMut() -> u64,
         idle: &impl Idle,
-    ) -> (&Node<K>, bool)
+    ) -> (&Slot<K>, bool)
     where
         K: Borrow<Q>,
         Q: ?Sized + Eq,
@@ -181,7 +178,7 @@ impl<K: Hash + Eq> Pinned<'_, K> {
         self.raw.try_reserve(max)
     }
 
-    /// Tombstones the live node for `key`, whatever its state.
+    /// Tombstones the live bucket for `key`, whatever its state.
     pub(crate) fn remove<Q>(&self, hash: u64, key: &Q) -> bool
     where
         K: Borrow<Q>,
@@ -210,8 +207,7 @@ impl<K: Hash + Eq> Pinned<'_, K> {
             }
         };
         // Push this thread's garbage to the collector and free what is old
-        // enough: without it, dropped nodes wait for the epoch's own pace
-        // (a few per pin), and a million of them take minutes to go.
+        // enough: without it, retired tables wait for the epoch's own pace.
         self.guard.flush();
         evicted
     }
@@ -224,8 +220,8 @@ impl<K: Hash + Eq> Pinned<'_, K> {
         evicted += self.raw.sweep(capacity, idle, &self.guard);
         self.raw.compact_if_sparse(&self.guard);
         evicted += self.finish_migration(idle);
-        // Hand this thread's garbage (the dropped nodes, the old table) to
-        // the collector now rather than when its local bag fills.
+        // Hand this thread's garbage (the old table) to the collector now
+        // rather than when its local bag fills.
         self.guard.flush();
         evicted
     }
@@ -247,7 +243,6 @@ impl<K: Hash + Eq> Pinned<'_, K> {
 #[cfg(all(test, not(turnstile_loom)))]
 mod tests {
     use super::*;
-    use crate::algorithm::TOMBSTONE;
     use crate::Gcra;
 
     fn never_idle(_: u64) -> bool {
@@ -258,25 +253,24 @@ mod tests {
         let pinned = map.pin();
         let hash = map.hash(key);
         assert!(pinned.try_reserve(usize::MAX));
-        let (node, inserted) = pinned.insert(hash, key, || key.to_owned(), || 0, &never_idle);
+        let (slot, inserted) = pinned.insert(hash, key, || key.to_owned(), || 0, &never_idle);
         if !inserted {
             pinned.unreserve();
         }
-        node.cell.load()
+        slot.cell.state().unwrap()
     }
 
     #[test]
-    fn insert_find_and_grow_keep_every_node() {
+    fn insert_find_and_grow_keep_every_bucket() {
         let map = Map::<String>::new();
         let keys: Vec<String> = (0..40).map(|i| format!("key-{i}")).collect();
         for key in &keys {
             assert_eq!(insert(&map, key), 0);
         }
-        // Growth copied pointers: every key is found, by &str.
+        // Growth froze and copied every bucket: every key is found, by &str.
         let pinned = map.pin();
         for key in &keys {
-            let node = pinned.find(map.hash(key.as_str()), key.as_str()).unwrap();
-            assert_eq!(&node.key, key);
+            assert!(pinned.find(map.hash(key.as_str()), key.as_str()).is_some());
         }
         assert!(pinned.find(map.hash("absent"), "absent").is_none());
         assert_eq!(map.len(), 40);
@@ -284,7 +278,7 @@ mod tests {
     }
 
     #[test]
-    fn idle_nodes_are_dropped_by_migration_and_freed() {
+    fn idle_buckets_are_left_behind_by_migration_and_freed() {
         let map = Map::<String>::new();
         for i in 0..30 {
             insert(&map, &format!("k{i}"));
@@ -293,8 +287,8 @@ mod tests {
         // Give one key some state so it is not idle at time 0.
         {
             let pinned = map.pin();
-            let node = pinned.find(map.hash("k7"), "k7").unwrap();
-            assert!(node.cell.update(&gcra, 0, 1).unwrap().is_allowed());
+            let slot = pinned.find(map.hash("k7"), "k7").unwrap();
+            assert!(slot.cell.update(&gcra, 0, 1).unwrap().is_allowed());
         }
         let idle = |state: u64| state == 0;
         let evicted = map.pin().evict_all_idle(&idle);
@@ -303,7 +297,7 @@ mod tests {
         let pinned = map.pin();
         assert!(pinned.find(map.hash("k3"), "k3").is_none());
         let kept = pinned.find(map.hash("k7"), "k7").unwrap();
-        assert_ne!(kept.cell.load(), TOMBSTONE);
+        assert_eq!(kept.cell.state(), Ok(1_000_000_000));
         assert!(pinned.capacity() <= 64, "{}", pinned.capacity());
     }
 
@@ -341,11 +335,11 @@ mod tests {
                         let key = format!("k{}", i % 5);
                         let pinned = map.pin();
                         let hash = map.hash(key.as_str());
-                        let node = match pinned.find(hash, key.as_str()) {
-                            Some(node) => node,
+                        let slot = match pinned.find(hash, key.as_str()) {
+                            Some(slot) => slot,
                             None => {
                                 assert!(pinned.try_reserve(usize::MAX));
-                                let (node, inserted) = pinned.insert(
+                                let (slot, inserted) = pinned.insert(
                                     hash,
                                     key.as_str(),
                                     || key.clone(),
@@ -355,10 +349,10 @@ mod tests {
                                 if !inserted {
                                     pinned.unreserve();
                                 }
-                                node
+                                slot
                             }
                         };
-                        assert!(node.cell.update(&gcra, 0, 1).unwrap().is_allowed());
+                        assert!(slot.cell.update(&gcra, 0, 1).unwrap().is_allowed());
                     }
                 });
             }
@@ -367,9 +361,9 @@ mod tests {
         let pinned = map.pin();
         for i in 0..5 {
             let key = format!("k{i}");
-            let node = pinned.find(map.hash(key.as_str()), key.as_str()).unwrap();
+            let slot = pinned.find(map.hash(key.as_str()), key.as_str()).unwrap();
             // Each key took 8 updates (2 threads x 4): TAT = 8 intervals.
-            assert_eq!(node.cell.load(), 8 * 3_600_000_000_000);
+            assert_eq!(slot.cell.state(), Ok(8 * 3_600_000_000_000));
         }
     }
 }

@@ -1,97 +1,108 @@
-//! The unsafe core of the keyed map: an open-addressed table of pointers to
-//! nodes that never move, grown (and shrunk) by cooperative, incremental
-//! migration, on `crossbeam-epoch`.
+//! The unsafe core of the keyed map: an open-addressed table whose slots
+//! hold each bucket's cell and key inline, grown (and shrunk) by
+//! cooperative, incremental migration, on `crossbeam-epoch`.
 //!
 //! # Why this design
 //!
-//! A bucket's cell must never be copied, or an update made on the old copy
-//! is lost. So cells live in heap nodes that never move, and a table holds
-//! only pointers: growth copies pointers, and an update that found the node
-//! through the old table lands on the same cell as everyone else's.
-//! Split-ordered lists would also keep nodes in place, but every lookup
-//! would chase a bucket sentinel and then list nodes; a linear-probing table
-//! of pointers finds a key in one slot load and one node load in the common
-//! case (load factor at most 1/2).
+//! At a million keys every lookup misses the cache, so what a check costs
+//! is the number of cache lines it must wait for. Here a hit waits for one:
+//! the slot holds the key beside its cell, so the probe that finds the key
+//! has the bucket's state in hand, and the update is a CAS on the same
+//! line. Probes past foreign keys compare keys in place (for keys that own
+//! heap memory, such as `String`, a foreign key of the same length is the
+//! one case that reads another line). Figures, beside governor's DashMap
+//! and the one-probe floor, are in `BENCHMARKS.md`.
 //!
-//! Measured (`BENCHMARKS.md`, one run): with 1,000 keys a check costs
-//! 52 ns against 50 ns for governor's DashMap with the same hasher, and
-//! 115 ns against 157 ns on two threads, where DashMap's shard locks
-//! contend and this map takes none. With 1,000,000 keys every lookup
-//! misses the cache, and the pointer indirection shows: 422 ns against
-//! 263 ns, because a hit loads a slot and then a node, and each probe that
-//! is not the key loads a node too (the hash lives in the node). Keeping a
-//! few hash bits beside each pointer, or the entries of small keys inline,
-//! is the known next step.
+//! A cell must never be copied while it can still be updated, or an update
+//! made on the old copy is lost. So a migration *freezes* a cell before it
+//! copies it: one CAS sets the word's FROZEN bit, which makes every later
+//! update, claim or insert CAS on it fail (see `crate::cell`). A check that
+//! meets a frozen cell copies it into the successor itself if the
+//! migration has not yet (copying is idempotent: a copy first looks for
+//! its key in the successor), and retries there. This is Cliff Click's
+//! non-blocking hash table protocol, with the frozen word in the role of
+//! his boxed "prime" value.
 //!
 //! # Slots
 //!
-//! A slot is an `Atomic<Node>`; its tag says where the slot is in its life,
-//! and a slot only moves forward through it:
+//! A slot is a [`Cell`] (one `AtomicU64`) and an inline key. The word says
+//! where the slot is in its life (the encoding is in `crate::cell`), and a
+//! slot only moves forward through it:
 //!
 //! ```text
-//! null, LIVE    EMPTY         ──insert──▶ node, LIVE
-//!                             ──migrate─▶ null, FROZEN   (never filled again; an
-//!                                                         insert that moves on to
-//!                                                         the successor freezes it too)
-//! node, LIVE    in use        ──migrate─▶ node, FROZEN ──▶ node, COPIED  (now also in `next`)
-//!                                                     └──▶ node, DROPPED (unlinked; freed by the epoch)
+//! EMPTY ──claim──▶ BUSY ──publish──▶ live ──claim──▶ TOMBSTONE
+//!   │                                  │                 │
+//!   └─freeze─▶ EMPTY|FROZEN            └─freeze─▶ live|FROZEN ──copy──▶ COPIED|FROZEN
+//!              (never filled)                                (└─▶ TOMBSTONE|FROZEN if it
+//!                                                                 could not be placed)
 //! ```
 //!
-//! Invariant (probe chains): a slot never becomes EMPTY again, and inserts
-//! only fill the first EMPTY slot of a key's probe sequence. So if a probe
-//! from a key's home reaches a null slot without meeting the key, the key is
-//! not in this table.
+//! - **BUSY** lasts a few instructions: the claimer has already built its
+//!   key, so it only moves it into the slot and publishes the word. A
+//!   lookup passes over a BUSY slot (a key not yet published is not yet
+//!   there); an insert, a copy and a migration wait for it to be published,
+//!   because it may hold their key.
+//! - **Probe chains.** A slot never becomes EMPTY again, and inserts only
+//!   fill the first EMPTY slot of a key's probe sequence. So if a probe
+//!   from a key's home reaches an EMPTY slot without meeting the key, the
+//!   key is not in this table.
+//! - **One live bucket per key.** An insert publishes a key only after
+//!   probing its whole chain in every table (old before new) without
+//!   finding it live; a copy publishes it only if no slot of the
+//!   successor's chain holds it yet; and an insert that goes on to the
+//!   successor freezes the EMPTY slot that ended its chain, so no insert
+//!   of the same key can land behind it in the old table.
 //!
-//! # Nodes die once
+//! # Keys and memory
 //!
-//! A node whose cell holds [`TOMBSTONE`] is dead: no update lands on it
-//! again (the cell refuses), lookups pass over it, and an insert of its key
-//! makes a new node further along the chain. Dead nodes stay in their slot
-//! until the next migration, which does not copy them and hands them to the
-//! epoch (`defer_destroy`) instead. That is the only place a node is freed
-//! while the map is shared, so nothing is freed twice and no live table
-//! points at freed memory.
+//! Keys are immutable once published. A migration copies a key's bytes
+//! into the successor; from the COPIED mark on, the successor owns it and
+//! the old table does not drop it. Dead slots (TOMBSTONE) keep their key
+//! until a migration leaves them behind; the old table, retired through the
+//! epoch, then drops the keys it still owns (`Table`'s `Drop`). So nothing
+//! is freed per eviction, nothing is freed twice, and no reader ever
+//! compares against freed memory. A table is zeroed memory (EMPTY is `0`),
+//! which the OS maps lazily: starting a migration does not write the whole
+//! successor.
 //!
 //! # Migration
 //!
 //! When a table is half full (or a quarter of it is dead, or it is four times
-//! larger than its live keys need), a successor sized
-//! for the live keys is installed in `next`. From then on new keys go to the
-//! successor, and callers copy the old table a chunk at a time: each chunk
-//! is claimed by one thread (a `fetch_add` on a cursor), and for each slot
-//! the claimer freezes it, decides (dead or idle: drop; otherwise copy the
-//! pointer), and marks it. Readers are never blocked: a frozen or copied
-//! slot still points at the node, whose cell is the one true state. The
-//! thread that finishes the last chunk swings the root to the successor and
-//! retires the old table through the epoch. A successor migrates only after
-//! it has become the root, so there are at most two tables at a time.
+//! larger than its live keys need), a successor sized for the live keys is
+//! installed in `next`. From then on new keys go to the successor, and
+//! callers copy the old table a chunk at a time: each chunk is claimed by
+//! one thread (a `fetch_add` on a cursor), which evicts idle buckets,
+//! freezes every slot and copies the live ones. The thread that finishes
+//! the last chunk swings the root to the successor and retires the old
+//! table through the epoch. A successor migrates only after it has become
+//! the root, so there are at most two tables at a time.
 //!
 //! # Sizing a successor
 //!
-//! A migration must never have more live nodes to place than its successor
-//! has slots (it would probe forever), so the successor is sized from a
-//! count that bounds them. Starting a migration first *closes* the table
-//! (a bit in `occupied`), then reads `len`, then allocates and installs.
-//! Every insert reserves its key in `len` (or takes over an evicted key's
-//! place there) *before* it reserves a slot in `occupied`, and a closed
-//! table refuses reservations. So an insert that can still land in the old
-//! table reserved its slot before the close, and the close (Acquire)
-//! synchronises with that reservation (Release): the `len` read after the
-//! close counts it. Nodes that die meanwhile are not copied. Hence the
-//! nodes copied are at most `len` as read, the successor gets three slots
-//! per such key, and direct inserts into it stop at half full: it is never
-//! more than `5/6` full. Any thread that finds a table closed but without a
-//! successor computes one the same way and races to install it, so a
-//! starter that is descheduled between the close and the install blocks no
-//! one.
+//! A migration must never have more live buckets to place than its
+//! successor has slots (it would probe forever), so the successor is sized
+//! from a count that bounds them. Starting a migration first *closes* the
+//! table (a bit in `occupied`), then reads `len`, then allocates and
+//! installs. Every insert reserves its key in `len` (or takes over an
+//! evicted key's place there) *before* it reserves a slot in `occupied`,
+//! and a closed table refuses reservations. So an insert that can still
+//! land in the old table reserved its slot before the close, and the close
+//! (Acquire) synchronises with that reservation (Release): the `len` read
+//! after the close counts it. Buckets that die meanwhile are not copied.
+//! Hence the buckets copied are at most `len` as read, the successor gets
+//! three slots per such key, and direct inserts into it stop at half full:
+//! it is never more than `5/6` full. Any thread that finds a table closed
+//! but without a successor computes one the same way and races to install
+//! it, so a starter that is descheduled between the close and the install
+//! blocks no one.
 //!
 //! # Orderings
 //!
 //! One rule for the whole file, so each access need not repeat it:
-//! - **Pointers** (`root`, `next`, slots) are published with a `Release`
-//!   (or `AcqRel`) CAS or store and read with `Acquire`, because every
-//!   reader dereferences what it loads: the node's or table's fields must
-//!   be visible before its address is.
+//! - **Pointers** (`root`, `next`) are published with a `Release` (or
+//!   `AcqRel`) CAS and read with `Acquire`, because every reader
+//!   dereferences what it loads.
+//! - **Slot words** publish keys; their protocol is in `crate::cell`.
 //! - **Counters** (`claimed`, `sweep`, `len`) are `Relaxed`: they steer
 //!   heuristics (where to sweep, whether there is room for a key) or are
 //!   owned by the one `fetch_add` that returned them (a `claimed` chunk),
@@ -101,23 +112,17 @@
 //!   (see "Sizing a successor").
 //! - **`migrated`** is `AcqRel`: the thread that brings it to the capacity
 //!   retires the table, so it must see every other chunk's copies first.
-//! - **Cells** have their own argument, in `crate::cell`.
 
 use std::borrow::Borrow;
 use std::hash::Hash;
+use std::mem::MaybeUninit;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
 use crossbeam_utils::CachePadded;
 
-use crate::algorithm::TOMBSTONE;
-use crate::cell::Cell;
-use crate::sync::{AtomicUsize, Ordering};
-
-/// Slot tags (see the module docs).
-const LIVE: usize = 0;
-const FROZEN: usize = 1;
-const COPIED: usize = 2;
-const DROPPED: usize = 3;
+use crate::cell::{Cell, Gone, Seen};
+use crate::sync::{wait_briefly, AtomicUsize, Ordering, UnsafeCell};
 
 /// The smallest table. Small in loom models so that growth happens after a
 /// couple of inserts.
@@ -135,20 +140,107 @@ pub const MIGRATION_CHUNK: usize = if cfg!(turnstile_loom) { 1 } else { 64 };
 /// The bit of `occupied` that closes a table to inserts (see `close`).
 const CLOSED: usize = 1 << (usize::BITS - 1);
 
-/// One key's bucket. Never moves while the map is shared.
-#[derive(Debug)]
-pub(crate) struct Node<K> {
-    pub(crate) hash: u64,
+/// One key's bucket: its cell, and the key inline.
+pub(crate) struct Slot<K> {
     pub(crate) cell: Cell,
-    pub(crate) key: K,
+    key: UnsafeCell<MaybeUninit<K>>,
 }
 
-// Slot tags need two low bits of every node pointer.
-const _: () = assert!(std::mem::align_of::<Node<u8>>() >= 4);
+// SAFETY: the key is written only by the thread that claimed the slot
+// (BUSY), before it publishes the word with Release; every other access
+// reads it after an Acquire load of a published word, and it is dropped
+// only by the table's `Drop` (`&mut`). So sharing a slot shares `&K`
+// across threads (K: Sync) and may drop `K` on another thread (K: Send).
+unsafe impl<K: Send + Sync> Sync for Slot<K> {}
+// SAFETY: as above: a slot owns at most one `K`.
+unsafe impl<K: Send> Send for Slot<K> {}
+
+impl<K> Slot<K> {
+    /// An EMPTY slot (loom's atomics cannot be zeroed memory).
+    #[cfg(turnstile_loom)]
+    fn empty() -> Self {
+        Slot {
+            cell: Cell::empty(),
+            key: UnsafeCell::new(MaybeUninit::uninit()),
+        }
+    }
+
+    /// Whether this slot's key is `key`.
+    ///
+    /// # Safety
+    /// The caller read a word that has a key ([`Seen::has_key`]) through
+    /// [`Cell::word`], and holds a guard that keeps this slot's table alive.
+    #[inline]
+    unsafe fn key_is<Q>(&self, key: &Q) -> bool
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Eq,
+    {
+        // SAFETY: the key is initialised and immutable (the caller's
+        // contract), and lives as long as the table.
+        self.key
+            .with(|k| unsafe { (*k).assume_init_ref() }.borrow() == key)
+    }
+
+    /// Whether this slot and `other` hold equal keys.
+    ///
+    /// # Safety
+    /// As [`key_is`](Slot::key_is), for both slots.
+    unsafe fn same_key(&self, other: &Slot<K>) -> bool
+    where
+        K: Eq,
+    {
+        // SAFETY: the caller's contract, for `other`, then for `self`.
+        other
+            .key
+            .with(|o| unsafe { self.key_is::<K>((*o).assume_init_ref()) })
+    }
+
+    /// This slot's key hashed with `hasher`.
+    ///
+    /// # Safety
+    /// As [`key_is`](Slot::key_is).
+    unsafe fn hash_with(&self, hasher: &ahash::RandomState) -> u64
+    where
+        K: Hash,
+    {
+        // SAFETY: the caller's contract.
+        self.key
+            .with(|k| hasher.hash_one(unsafe { (*k).assume_init_ref() }))
+    }
+
+    /// Moves `key` into the slot.
+    ///
+    /// # Safety
+    /// This thread claimed the slot ([`Cell::claim_empty`]) and has not
+    /// published it yet: no other thread reads the key.
+    #[inline]
+    unsafe fn write_key(&self, key: K) {
+        // SAFETY: the caller's contract: this thread alone touches the key.
+        self.key.with_mut(|k| unsafe { (*k).write(key) });
+    }
+
+    /// Copies `from`'s key into this slot, bit for bit: the successor's
+    /// copy of a frozen bucket's key, which the old table stops owning
+    /// when it marks the bucket COPIED.
+    ///
+    /// # Safety
+    /// As [`write_key`](Slot::write_key) for this slot, and as
+    /// [`key_is`](Slot::key_is) for `from`.
+    unsafe fn copy_key(&self, from: &Slot<K>) {
+        // SAFETY: the caller's contract: `from`'s key is initialised and
+        // immutable, this slot's is written by this thread alone, and the
+        // two slots are distinct (they are in different tables).
+        from.key.with(|src| {
+            self.key
+                .with_mut(|dst| unsafe { std::ptr::copy_nonoverlapping(src, dst, 1) })
+        });
+    }
+}
 
 struct Table<K> {
     // Read by every lookup.
-    slots: Box<[Atomic<Node<K>>]>,
+    slots: Box<[Slot<K>]>,
     mask: usize,
     /// The successor while this table is being migrated.
     next: Atomic<Table<K>>,
@@ -173,11 +265,34 @@ struct TableCounters {
     sweep: AtomicUsize,
 }
 
+/// `capacity` EMPTY slots, as zeroed memory that the OS maps on first touch.
+#[cfg(not(turnstile_loom))]
+fn empty_slots<K>(capacity: usize) -> Box<[Slot<K>]> {
+    let layout = std::alloc::Layout::array::<Slot<K>>(capacity)
+        .unwrap_or_else(|_| panic!("a table of {capacity} slots does not fit in memory"));
+    // SAFETY: the layout is not zero-sized (a slot holds an `AtomicU64` and
+    // capacity >= MIN_CAPACITY), and all-zero bytes are a valid slot: an
+    // `AtomicU64` of 0 (EMPTY) and a key that is `MaybeUninit`. The box
+    // frees with the same layout (`Layout::array` is `[Slot<K>]`'s).
+    unsafe {
+        let slots = std::alloc::alloc_zeroed(layout).cast::<Slot<K>>();
+        if slots.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Box::from_raw(std::ptr::slice_from_raw_parts_mut(slots, capacity))
+    }
+}
+
+#[cfg(turnstile_loom)]
+fn empty_slots<K>(capacity: usize) -> Box<[Slot<K>]> {
+    (0..capacity).map(|_| Slot::empty()).collect()
+}
+
 impl<K> Table<K> {
     fn new(capacity: usize) -> Self {
         debug_assert!(capacity.is_power_of_two());
         Table {
-            slots: (0..capacity).map(|_| Atomic::null()).collect(),
+            slots: empty_slots(capacity),
             mask: capacity - 1,
             next: Atomic::null(),
             counters: CachePadded::new(TableCounters {
@@ -233,6 +348,22 @@ impl<K> Table<K> {
     }
 }
 
+impl<K> Drop for Table<K> {
+    fn drop(&mut self) {
+        if !std::mem::needs_drop::<K>() {
+            return;
+        }
+        for slot in self.slots.iter_mut() {
+            if slot.cell.owns_key() {
+                // SAFETY: the key was published and did not move to a
+                // successor (`owns_key`), so this table owns it, and
+                // `&mut self` means no thread can read it any more.
+                slot.key.with_mut(|k| unsafe { (*k).assume_init_drop() });
+            }
+        }
+    }
+}
+
 /// The capacity for a table that will hold `live` keys: at most a third
 /// full right after the migration, so it takes many inserts to fill again,
 /// and never more than `5/6` full counting the inserts made during the
@@ -261,29 +392,48 @@ impl<F: Fn(u64) -> bool> Idle for F {
 enum Moved {
     /// The slot was empty.
     Empty,
-    /// A live node, now in the successor.
+    /// A live bucket, now in the successor.
     Copied,
-    /// An idle node, evicted and handed to the epoch.
+    /// An idle bucket, evicted and left behind.
     Evicted,
-    /// A dead node, handed to the epoch.
+    /// A dead bucket, left behind.
     Dropped,
 }
 
-/// The map's shared state. All methods take a `Guard` pinned on `collector`
-/// (the safe front, `super::Map`, makes sure of that).
+/// Where a copy went.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Placed {
+    /// Into a slot this call filled.
+    New,
+    /// Nowhere: the key was in the successor already.
+    Found,
+    /// Nowhere: no free slot (impossible by the sizing of successors).
+    NoRoom,
+}
+
+/// The map's shared state. All methods take a `Guard` pinned on the map's
+/// collector (the safe front, `super::Map`, makes sure of that).
 pub(crate) struct RawMap<K> {
     root: Atomic<Table<K>>,
-    /// Live (not dead) nodes in all tables. Padded: inserts write it, every
-    /// lookup reads `root`.
+    /// Live (not dead) buckets in all tables. Padded: inserts write it,
+    /// every lookup reads `root`.
     len: CachePadded<AtomicUsize>,
+    /// Hashes keys; a migration rehashes each key it copies.
+    hasher: ahash::RandomState,
 }
 
 impl<K> RawMap<K> {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(hasher: ahash::RandomState) -> Self {
         RawMap {
             root: Atomic::new(Table::new(MIN_CAPACITY)),
             len: CachePadded::new(AtomicUsize::new(0)),
+            hasher,
         }
+    }
+
+    #[inline]
+    pub(crate) fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
+        self.hasher.hash_one(key)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -310,33 +460,17 @@ impl<K> RawMap<K> {
         // epoch, which `guard` holds off.
         unsafe { self.root.load(Ordering::Acquire, guard).deref() }.capacity()
     }
-}
 
-impl<K> RawMap<K> {
     /// Starts fetching the home slot of `hash` in the root table into the
-    /// cache: where `find` reads first. A hint only: nothing is read or
-    /// written that a lookup can observe.
+    /// cache: the slot `find` reads first, which holds the key's bucket in
+    /// the common case. A hint only: nothing is read or written that a
+    /// lookup can observe.
     #[inline]
     pub(crate) fn prefetch_slot(&self, hash: u64, guard: &Guard) {
         // SAFETY: as in `capacity`: the root is never null and is retired
         // only through the epoch, which `guard` holds off.
         let t = unsafe { self.root.load(Ordering::Acquire, guard).deref() };
         prefetch(std::ptr::from_ref(&t.slots[hash as usize & t.mask]).cast());
-    }
-
-    /// Starts fetching the node the home slot of `hash` points at now (the
-    /// node `find` loads second, and usually the key's). A hint only.
-    #[inline]
-    pub(crate) fn prefetch_node(&self, hash: u64, guard: &Guard) {
-        // SAFETY: as in `capacity`.
-        let t = unsafe { self.root.load(Ordering::Acquire, guard).deref() };
-        // Relaxed, an exception to the file's rule for pointers: this one
-        // is never dereferenced, only handed to the CPU as an address to
-        // fetch, which is harmless even if the node has been freed since.
-        let slot = t.slots[hash as usize & t.mask].load(Ordering::Relaxed, guard);
-        if !slot.is_null() {
-            prefetch(slot.as_raw().cast());
-        }
     }
 }
 
@@ -370,8 +504,11 @@ fn prefetch(addr: *const u8) {
 }
 
 impl<K: Hash + Eq> RawMap<K> {
-    /// The live node for `key`, if any.
-    pub(crate) fn find<'g, Q>(&self, hash: u64, key: &Q, guard: &'g Guard) -> Option<&'g Node<K>>
+    /// The live, unfrozen bucket for `key`, if any. A frozen one met on
+    /// the way is copied into the successor first (see `copy_frozen`), and
+    /// found there.
+    #[inline]
+    pub(crate) fn find<'g, Q>(&self, hash: u64, key: &Q, guard: &'g Guard) -> Option<&'g Slot<K>>
     where
         K: Borrow<Q>,
         Q: ?Sized + Eq,
@@ -383,17 +520,25 @@ impl<K: Hash + Eq> RawMap<K> {
             let t = unsafe { table.deref() };
             let mut index = hash as usize & t.mask;
             for _ in 0..t.capacity() {
-                let slot = t.slots[index].load(Ordering::Acquire, guard);
-                if slot.is_null() {
-                    break;
-                }
-                if let Some(node) = Self::live_match(slot, hash, key) {
-                    return Some(node);
+                let slot = &t.slots[index];
+                match Seen::of(slot.cell.word()) {
+                    (Seen::Empty, _) => break,
+                    // SAFETY: a live word has a published key, read through
+                    // `word`; `guard` keeps the table alive.
+                    (Seen::Live(_), frozen) if unsafe { slot.key_is(key) } => {
+                        if !frozen {
+                            return Some(slot);
+                        }
+                        self.copy_frozen(t, slot, hash, guard);
+                    }
+                    // BUSY: not published, so not there yet. COPIED: in the
+                    // successor. Dead: absent (a live one may follow).
+                    _ => {}
                 }
                 index = (index + 1) & t.mask;
             }
-            // Not in this table: a key inserted during a migration may be in
-            // the successor.
+            // Not in this table: a key inserted or copied during a
+            // migration is in the successor.
             table = t.next.load(Ordering::Acquire, guard);
             if table.is_null() {
                 return None;
@@ -401,36 +546,15 @@ impl<K: Hash + Eq> RawMap<K> {
         }
     }
 
-    /// The node behind `slot` if it holds `key` and is alive.
-    #[inline]
-    fn live_match<'g, Q>(slot: Shared<'g, Node<K>>, hash: u64, key: &Q) -> Option<&'g Node<K>>
-    where
-        K: Borrow<Q>,
-        Q: ?Sized + Eq,
-    {
-        if slot.tag() == DROPPED {
-            return None;
-        }
-        // SAFETY: a non-null slot that is not DROPPED points at a node that
-        // has not been handed to the epoch yet (only the DROPPED transition
-        // does that), and `guard` (the lifetime 'g) holds off its reclamation.
-        let node = unsafe { slot.deref() };
-        let found = node.hash == hash && node.key.borrow() == key && node.cell.load() != TOMBSTONE;
-        #[cfg(turnstile_loom)]
-        if found && slot.tag() != LIVE {
-            crate::probe::hit(&crate::probe::READ_FROM_MIGRATING_TABLE);
-        }
-        found.then_some(node)
-    }
-
-    /// The live node for `key`, inserting `make()` if there is none, with
-    /// the state `state()` returns. Returns the node and whether it was
-    /// inserted by this call.
+    /// The live bucket for `key`, inserting a fresh one holding `state()`
+    /// if there is none. Returns the bucket and whether it was inserted by
+    /// this call.
     ///
-    /// `state` is called right before each attempt to publish the node,
-    /// after the probe that found the key absent: so a state that depends
-    /// on a clock reading is decided after any eviction of the key's
-    /// previous node (see "Clocks and eviction" in `crate::keyed`).
+    /// `make` builds the key (once) before any slot is claimed, and `state`
+    /// is called right before each attempt to publish, after the probe that
+    /// found the key absent: so a state that depends on a clock reading is
+    /// decided after any eviction of the key's previous bucket (see
+    /// "Clocks and eviction" in `crate::keyed`).
     ///
     /// The caller holds a reservation in `len` for the key (`try_reserve`,
     /// or an overflow eviction's), taken before this call: migrations size
@@ -443,97 +567,129 @@ impl<K: Hash + Eq> RawMap<K> {
         mut state: impl FnMut() -> u64,
         idle: &impl Idle,
         guard: &'g Guard,
-    ) -> (&'g Node<K>, bool)
+    ) -> (&'g Slot<K>, bool)
     where
         K: Borrow<Q>,
         Q: ?Sized + Eq,
     {
         let mut make = Some(make);
-        let mut fresh: Option<Owned<Node<K>>> = None;
+        let mut owned: Option<K> = None;
         let mut table = self.root.load(Ordering::Acquire, guard);
         'tables: loop {
             // SAFETY: as in `find`.
             let t = unsafe { table.deref() };
             let mut index = hash as usize & t.mask;
             let mut probed = 0;
-            // Bounded: each pass of the loop either moves to the next slot
-            // (at most `capacity` times) or follows a slot that another
-            // thread changed (filled or froze: each slot changes at most
-            // twice).
+            let mut waited = 0;
+            // Bounded: each pass either moves to the next slot (at most
+            // `capacity` times), or looks at a slot again after another
+            // thread changed it (filled, froze or published it: each slot
+            // changes at most that many times), or waits for a BUSY slot's
+            // claimer to publish it (a few instructions).
             while probed < t.capacity() {
-                let slot = t.slots[index].load(Ordering::Acquire, guard);
-                if !slot.is_null() {
-                    if let Some(node) = Self::live_match(slot, hash, key) {
-                        return (node, false);
-                    }
-                    index = (index + 1) & t.mask;
-                    probed += 1;
-                    continue;
-                }
-                // The key is not in this table. Insert here only if this
-                // table is not being migrated and has room.
-                if slot.tag() != LIVE {
-                    table = self.successor(table, idle, guard);
-                    continue 'tables;
-                }
-                if !t.next.load(Ordering::Acquire, guard).is_null() || !t.reserve_slot() {
-                    // Going on to the successor: first make sure no one
-                    // fills this slot with our key behind our back (a thread
-                    // that reserved room here a moment ago). Freeze it; if
-                    // that fails, someone filled it: look at it again.
-                    let next = self.successor(table, idle, guard);
-                    if t.slots[index]
-                        .compare_exchange(
-                            slot,
-                            slot.with_tag(FROZEN),
-                            Ordering::AcqRel,
-                            Ordering::Acquire,
-                            guard,
-                        )
-                        .is_ok()
-                    {
-                        #[cfg(turnstile_loom)]
-                        crate::probe::hit(&crate::probe::INSERT_FROZE_EMPTY_SLOT);
-                        table = next;
+                let slot = &t.slots[index];
+                match Seen::of(slot.cell.word()) {
+                    (Seen::Empty, true) => {
+                        table = self.successor(table, idle, guard);
                         continue 'tables;
                     }
-                    continue;
-                }
-                let mut node = fresh.take().unwrap_or_else(|| {
-                    let key = make.take().map(|make| make());
-                    Owned::new(Node {
-                        hash,
-                        cell: Cell::new(0),
-                        key: key.expect("a fresh node is made at most once"),
-                    })
-                });
-                // Not shared yet: this thread owns the node until the CAS.
-                node.cell = Cell::new(state());
-                // Release: publishes the node's fields to whoever loads the
-                // slot with Acquire. Acquire on failure: we may deref what won.
-                match t.slots[index].compare_exchange(
-                    Shared::null(),
-                    node,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                    guard,
-                ) {
-                    Ok(inserted) => {
-                        // SAFETY: we just published it; it is freed only
-                        // after a migration drops it, which `guard` outlives.
-                        return (unsafe { inserted.deref() }, true);
-                    }
-                    // Someone filled or froze the slot first: give the
-                    // reservation back and look at the slot again.
-                    Err(lost) => {
+                    (Seen::Empty, false) => {
+                        // The key's own code runs before any reservation of
+                        // this table's, so a panic in it leaves none held.
+                        if owned.is_none() {
+                            owned = make.take().map(|make| make());
+                        }
+                        if !t.next.load(Ordering::Acquire, guard).is_null() || !t.reserve_slot() {
+                            // Going on to the successor: first make sure no
+                            // one fills this slot with our key behind our
+                            // back (a thread that reserved room here a moment
+                            // ago). Freeze it; if that fails, someone filled
+                            // it: look at it again.
+                            let next = self.successor(table, idle, guard);
+                            if slot.cell.freeze_empty() {
+                                #[cfg(turnstile_loom)]
+                                crate::probe::hit(&crate::probe::INSERT_FROZE_EMPTY_SLOT);
+                                table = next;
+                                continue 'tables;
+                            }
+                            continue;
+                        }
+                        let fresh = state();
+                        if slot.cell.claim_empty() {
+                            let key = owned.take().expect("a key is made before its slot is claimed");
+                            // SAFETY: this thread claimed the slot just now.
+                            unsafe { slot.write_key(key) };
+                            slot.cell.publish(fresh);
+                            return (slot, true);
+                        }
+                        // Someone filled or froze the slot first: give the
+                        // reservation back and look at the slot again.
                         t.release_slot();
-                        fresh = Some(lost.new);
                         #[cfg(turnstile_loom)]
                         crate::probe::hit(&crate::probe::INSERT_LOST_SLOT);
+                        continue;
                     }
+                    // It may be our key: wait for it to be published.
+                    (Seen::Busy, _) => {
+                        #[cfg(turnstile_loom)]
+                        crate::probe::hit(&crate::probe::WAITED_FOR_BUSY_SLOT);
+                        wait_briefly(&mut waited);
+                        continue;
+                    }
+                    // SAFETY: as in `find`.
+                    (Seen::Live(_), frozen) if unsafe { slot.key_is(key) } => {
+                        if !frozen {
+                            return (slot, false);
+                        }
+                        // Copied now; found further on, in the successor.
+                        self.copy_frozen(t, slot, hash, guard);
+                    }
+                    _ => {}
                 }
+                index = (index + 1) & t.mask;
+                probed += 1;
             }
             table = self.successor(table, idle, guard);
+        }
+    }
+
+    /// Copies the frozen bucket in `slot` (of `table`, whose key hashes to
+    /// `hash`) into the successor, unless it is there already, and marks
+    /// it COPIED. Any thread may call it, any number of times: what one
+    /// bucket needs to be found again by the check that met it frozen.
+    #[cold]
+    fn copy_frozen(&self, table: &Table<K>, slot: &Slot<K>, hash: u64, guard: &Guard) {
+        let (Seen::Live(state), true) = Seen::of(slot.cell.word()) else {
+            // Copied (or buried) by someone else since the caller looked.
+            return;
+        };
+        // SAFETY: a slot is frozen only after its table's successor is
+        // installed (`migrate_chunk` is handed it), and `next` is never
+        // reset; the successor is retired only through the epoch.
+        let next = unsafe { table.next.load(Ordering::Acquire, guard).deref() };
+        // SAFETY: the slot's word is live: its key is published, and
+        // `guard` keeps both tables alive.
+        match unsafe { next.place_copy(slot, state, hash) } {
+            Placed::New => {
+                #[cfg(turnstile_loom)]
+                crate::probe::hit(&crate::probe::COPIED_BY_READER);
+                slot.cell.mark_copied(state);
+            }
+            Placed::Found => slot.cell.mark_copied(state),
+            Placed::NoRoom => {
+                debug_assert!(false, "a copy found its successor full");
+                self.bury(slot, state);
+            }
+        }
+    }
+
+    /// Kills a frozen bucket that could not be placed (impossible by the
+    /// sizing argument, but a lost bucket is a better failure than a hang,
+    /// and a panicking `Hash` or `Eq` ends here too).
+    #[cold]
+    fn bury(&self, slot: &Slot<K>, state: u64) {
+        if slot.cell.kill_frozen(state) {
+            self.len.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -580,7 +736,6 @@ impl<K: Hash + Eq> RawMap<K> {
             return next;
         }
     }
-
     /// Installs a successor for the root `table`, sized for the live keys;
     /// any thread may call it, and all get the one successor that won.
     fn start_migration<'g>(
@@ -702,20 +857,30 @@ impl<K: Hash + Eq> RawMap<K> {
                 }
             }
         }
-        let mut dropped = false;
-        let evicted = (start..end)
-            .filter(|&index| {
-                let outcome = self.migrate_slot(&t.slots[index], n, idle, guard);
-                dropped |= outcome != Moved::Copied;
-                outcome == Moved::Evicted
-            })
-            .count();
+        let mut evicted = 0;
+        let mut panicked = None;
+        for slot in &t.slots[start..end] {
+            // A key's `Hash` or `Eq` may panic while its bucket is frozen:
+            // the bucket is lost (as if evicted), the chunk is finished so
+            // the migration can still end, and the panic goes on after.
+            let moved = catch_unwind(AssertUnwindSafe(|| self.migrate_slot(slot, n, idle)));
+            match moved {
+                Ok(Moved::Evicted) => evicted += 1,
+                Ok(_) => {}
+                Err(panic) => {
+                    if let (Seen::Live(state), true) = Seen::of(slot.cell.word()) {
+                        self.bury(slot, state);
+                    }
+                    panicked.get_or_insert(panic);
+                }
+            }
+        }
         // AcqRel: the finisher must see every other chunk's copies before it
         // retires the table.
         let migrated = t.counters.migrated.fetch_add(end - start, Ordering::AcqRel) + (end - start);
         if migrated == t.capacity() {
-            // Every slot is frozen and its node copied or dropped: the
-            // successor holds every live node. Release: publishes it.
+            // Every slot is frozen and its bucket copied or left behind: the
+            // successor holds every live bucket. Release: publishes it.
             let swung =
                 self.root
                     .compare_exchange(table, next, Ordering::AcqRel, Ordering::Acquire, guard);
@@ -730,90 +895,96 @@ impl<K: Hash + Eq> RawMap<K> {
                 }
                 // SAFETY: the table is unreachable from the root now;
                 // threads that loaded it earlier are pinned, and the epoch
-                // frees it only after they unpin. Its nodes are not freed
-                // with it (dropping a `Table` drops only its pointers).
+                // frees it only after they unpin. It drops only the keys it
+                // still owns (dead ones); copied keys are the successor's.
                 unsafe { guard.defer_destroy(table) };
-                dropped = true;
+                // Hand it to the collector now, not when this thread's local
+                // bag fills: retired memory must not wait on a housekeeping
+                // tick (a frozen clock has none), and a bag left on a
+                // thread outlives the map.
+                guard.flush();
             }
         }
-        if dropped {
-            // Hand what this chunk retired to the collector now, not when
-            // this thread's local bag fills: retired memory must not wait
-            // on a housekeeping tick (a frozen clock has none), and a bag
-            // left on a thread outlives the map.
-            guard.flush();
+        if let Some(panic) = panicked {
+            resume_unwind(panic);
         }
         Some(evicted)
     }
 
-    /// Freezes one slot and moves its node on (this thread owns the slot's
-    /// migration: it claimed the chunk).
-    fn migrate_slot(
-        &self,
-        slot: &Atomic<Node<K>>,
-        next: &Table<K>,
-        idle: &impl Idle,
-        guard: &Guard,
-    ) -> Moved {
-        // Freeze: after this no insert can fill the slot. Only inserts race
-        // with us here (they fill or freeze EMPTY slots, once), so this
-        // loop retries at most twice.
-        let frozen = loop {
-            let current = slot.load(Ordering::Acquire, guard);
-            if current.tag() != LIVE {
-                // Only an inserter that moved on to the successor freezes a
-                // slot ahead of us, and only an empty one.
-                debug_assert!(current.is_null() && current.tag() == FROZEN);
-                return Moved::Empty;
-            }
-            match slot.compare_exchange(
-                current,
-                current.with_tag(FROZEN),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-                guard,
-            ) {
-                Ok(frozen) => break frozen,
-                Err(_) => continue,
+    /// Evicts the bucket in `slot` if it is idle, freezes the slot and
+    /// copies a live bucket on (this thread owns the slot's migration: it
+    /// claimed the chunk).
+    fn migrate_slot(&self, slot: &Slot<K>, next: &Table<K>, idle: &impl Idle) -> Moved {
+        let mut evicted = false;
+        let mut waited = 0;
+        // Only the claimer freezes a filled slot, so this loop ends once
+        // the inserts and updates racing it are done: an insert fills or
+        // freezes an EMPTY slot once, and publishes a BUSY one within a few
+        // instructions; each update that beats a CAS here is one more
+        // decision made on the old table, which the copy then carries.
+        let state = loop {
+            let word = slot.cell.word();
+            match Seen::of(word) {
+                // Frozen by an insert that moved on to the successor.
+                (Seen::Empty, true) => return Moved::Empty,
+                (Seen::Empty, false) => {
+                    if slot.cell.freeze(word) {
+                        return Moved::Empty;
+                    }
+                }
+                (Seen::Busy, _) => {
+                    #[cfg(turnstile_loom)]
+                    crate::probe::hit(&crate::probe::WAITED_FOR_BUSY_SLOT);
+                    wait_briefly(&mut waited);
+                }
+                (Seen::Live(state), false) => {
+                    if idle.is_idle(state) {
+                        // Evicted before the freeze, by the same claim as a
+                        // sweep's: then left behind as dead.
+                        evicted |= self.claim_if_idle(slot, idle);
+                    } else if slot.cell.freeze(word) {
+                        break state;
+                    }
+                }
+                (Seen::Dead, false) => {
+                    if slot.cell.freeze(word) {
+                        #[cfg(turnstile_loom)]
+                        crate::probe::hit(&crate::probe::NODE_DROPPED);
+                        return if evicted {
+                            Moved::Evicted
+                        } else {
+                            Moved::Dropped
+                        };
+                    }
+                }
+                (Seen::Live(_) | Seen::Copied | Seen::Dead, true) => {
+                    debug_assert!(false, "a filled slot frozen by another thread");
+                    return Moved::Dropped;
+                }
+                (Seen::Copied, false) => unreachable!("COPIED is always frozen"),
             }
         };
-        if frozen.is_null() {
-            return Moved::Empty;
-        }
-        // SAFETY: the slot is FROZEN, not DROPPED, so the node has not been
-        // handed to the epoch; `guard` holds off reclamation in any case.
-        let node = unsafe { frozen.deref() };
-        let evicted = self.claim_if_idle(node, idle);
-        if !evicted && node.cell.load() != TOMBSTONE {
-            if next.place(frozen.with_tag(LIVE), node.hash, guard) {
-                slot.store(frozen.with_tag(COPIED), Ordering::Release);
-                return Moved::Copied;
+        // SAFETY: the word was live: the key is published; `guard` (the
+        // caller's) keeps both tables alive.
+        let hash = unsafe { slot.hash_with(&self.hasher) };
+        // SAFETY: as above.
+        match unsafe { next.place_copy(slot, state, hash) } {
+            Placed::New | Placed::Found => {
+                slot.cell.mark_copied(state);
+                Moved::Copied
             }
-            // No room: impossible by the sizing argument, but a lost bucket
-            // is a better failure than a hang. Kill it like an eviction.
-            debug_assert!(false, "a migration found its successor full");
-            if node.cell.try_claim(|_| true) {
-                self.len.fetch_sub(1, Ordering::Relaxed);
+            Placed::NoRoom => {
+                debug_assert!(false, "a migration found its successor full");
+                self.bury(slot, state);
+                Moved::Dropped
             }
-        }
-        // Dead: unlink it from this table (readers skip DROPPED slots and
-        // it was never copied), then let the epoch free it.
-        slot.store(frozen.with_tag(DROPPED), Ordering::Release);
-        // SAFETY: the node is reachable only through this slot, which no
-        // longer yields it; threads that loaded it earlier are pinned.
-        unsafe { guard.defer_destroy(frozen.with_tag(LIVE)) };
-        #[cfg(turnstile_loom)]
-        crate::probe::hit(&crate::probe::NODE_DROPPED);
-        if evicted {
-            Moved::Evicted
-        } else {
-            Moved::Dropped
         }
     }
 
-    /// Tombstones `node` if its state is idle; counts it out of `len`.
-    fn claim_if_idle(&self, node: &Node<K>, idle: &impl Idle) -> bool {
-        let claimed = node.cell.try_claim(|state| idle.is_idle(state));
+    /// Tombstones the bucket in `slot` if its state is idle; counts it out
+    /// of `len`.
+    fn claim_if_idle(&self, slot: &Slot<K>, idle: &impl Idle) -> bool {
+        let claimed = slot.cell.try_claim(|state| idle.is_idle(state));
         if claimed {
             self.len.fetch_sub(1, Ordering::Relaxed);
         }
@@ -828,36 +999,31 @@ impl<K: Hash + Eq> RawMap<K> {
         // SAFETY: as in `find`.
         let t = unsafe { root.deref() };
         let start = t.counters.sweep.fetch_add(budget, Ordering::Relaxed);
-        let mut evicted = 0;
-        for offset in 0..budget.min(t.capacity()) {
-            let slot = t.slots[(start + offset) & t.mask].load(Ordering::Acquire, guard);
-            if slot.is_null() || slot.tag() == DROPPED {
-                continue;
-            }
-            // SAFETY: as in `live_match`.
-            let node = unsafe { slot.deref() };
-            if self.claim_if_idle(node, idle) {
-                evicted += 1;
-            }
-        }
-        evicted
+        (0..budget.min(t.capacity()))
+            .filter(|offset| {
+                let slot = &t.slots[(start + offset) & t.mask];
+                matches!(Seen::of(slot.cell.word()), (Seen::Live(_), false))
+                    && self.claim_if_idle(slot, idle)
+            })
+            .count()
     }
 
-    /// Tombstones the live node with the smallest state (for GCRA, the
-    /// bucket closest to full) among the first `sample` live nodes found
+    /// Tombstones the live bucket with the smallest state (for GCRA, the
+    /// bucket closest to full) among the first `sample` live buckets found
     /// from `hash` on, in the root and, during a migration, its successor
     /// (keys inserted since the migration began are only there). At least
     /// two candidates are compared whenever the map holds two, so a busy
     /// key is never chosen merely for being alone in its neighbourhood.
+    /// States are read in place: no key is touched.
     ///
     /// On success the evicted key's place in `len` passes to the caller,
     /// who holds it as a reservation: `len` does not change, and no other
     /// thread can take the room this call made. Returns false if nothing
-    /// was evicted (no live node found, or the chosen one was updated or
-    /// evicted by someone else first).
+    /// was evicted (no live bucket found, or the chosen one was updated,
+    /// evicted or frozen by someone else first).
     pub(crate) fn evict_one_near(&self, hash: u64, sample: usize, guard: &Guard) -> bool {
         let want = sample.max(2);
-        let mut best: Option<(&Node<K>, u64)> = None;
+        let mut best: Option<(&Slot<K>, u64)> = None;
         let mut seen = 0;
         let mut table = self.root.load(Ordering::Acquire, guard);
         while !table.is_null() && seen < want {
@@ -865,19 +1031,13 @@ impl<K: Hash + Eq> RawMap<K> {
             let t = unsafe { table.deref() };
             let start = hash as usize;
             for offset in 0..t.capacity() {
-                let slot = t.slots[(start + offset) & t.mask].load(Ordering::Acquire, guard);
-                if slot.is_null() || slot.tag() == DROPPED {
+                let slot = &t.slots[(start + offset) & t.mask];
+                let (Seen::Live(state), false) = Seen::of(slot.cell.word()) else {
                     continue;
-                }
-                // SAFETY: as in `live_match`.
-                let node = unsafe { slot.deref() };
-                let state = node.cell.load();
-                if state == TOMBSTONE {
-                    continue;
-                }
+                };
                 seen += 1;
                 if best.is_none_or(|(_, s)| state < s) {
-                    best = Some((node, state));
+                    best = Some((slot, state));
                 }
                 if seen >= want {
                     break;
@@ -886,77 +1046,106 @@ impl<K: Hash + Eq> RawMap<K> {
             table = t.next.load(Ordering::Acquire, guard);
         }
         // Lost to an update or another evictor: the caller samples again.
-        best.is_some_and(|(node, state)| node.cell.try_claim(|now| now == state))
+        best.is_some_and(|(slot, state)| slot.cell.try_claim(|now| now == state))
     }
 
-    /// Tombstones the live node for `key`, whatever its state, and counts
+    /// Tombstones the live bucket for `key`, whatever its state, and counts
     /// it out of `len`; its slot is reclaimed by the next migration, as an
-    /// evicted one is. Returns false if no live node held `key`, or another
-    /// evictor claimed it first (the key was absent from that instant on).
+    /// evicted one is. Returns false if no live bucket held `key`, or
+    /// another evictor claimed it first (the key was absent from that
+    /// instant on).
     pub(crate) fn remove<Q>(&self, hash: u64, key: &Q, guard: &Guard) -> bool
     where
         K: Borrow<Q>,
         Q: ?Sized + Eq,
     {
-        let claimed = self
-            .find(hash, key, guard)
-            .is_some_and(|node| node.cell.try_claim(|_| true));
-        if claimed {
-            self.len.fetch_sub(1, Ordering::Relaxed);
+        loop {
+            let Some(slot) = self.find(hash, key, guard) else {
+                return false;
+            };
+            match slot.cell.claim(|_| true) {
+                Ok(claimed) => {
+                    if claimed {
+                        self.len.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    return claimed;
+                }
+                Err(Gone::Dead) => return false,
+                // Frozen since `find`: look again, in the successor.
+                Err(Gone::Moved) => {}
+            }
         }
-        claimed
     }
 }
 
-impl<K> Table<K> {
-    /// Puts an existing live node into this (not yet migrating) table;
-    /// false if no slot is free, which the sizing of successors rules out.
-    /// Bounded: one pass over the table, each slot retried only while
-    /// inserts fill it (once).
-    fn place(&self, node: Shared<'_, Node<K>>, hash: u64, guard: &Guard) -> bool {
+impl<K: Eq> Table<K> {
+    /// Puts a copy of the frozen bucket in `from` (state `state`, key hash
+    /// `hash`) into this (not yet migrating) table, unless a slot of its
+    /// chain holds the key already: then another thread copied it first.
+    ///
+    /// No other bucket for the key can be in this table: an insert puts a
+    /// key here only after finding it absent or dead in the old table, and
+    /// the frozen bucket was live there. So "the key is here" means "the
+    /// copy is here", dead or alive (a copy evicted since must stay dead).
+    ///
+    /// Bounded: one pass over the table, each slot looked at again only
+    /// while another thread fills or publishes it.
+    ///
+    /// # Safety
+    /// `from` holds a published key (its word was live), and the caller's
+    /// guard keeps both tables alive.
+    unsafe fn place_copy(&self, from: &Slot<K>, state: u64, hash: u64) -> Placed {
         let mut index = hash as usize & self.mask;
         let mut probed = 0;
+        let mut waited = 0;
         while probed < self.capacity() {
-            let slot = self.slots[index].load(Ordering::Acquire, guard);
-            if slot.is_null() {
-                // Release: readers of the slot see the node's fields (they
-                // were published when the node was first inserted, and this
-                // thread acquired them when it loaded the old slot).
-                if self.slots[index]
-                    .compare_exchange(slot, node, Ordering::AcqRel, Ordering::Acquire, guard)
-                    .is_ok()
-                {
-                    self.counters.occupied.fetch_add(1, Ordering::Relaxed);
-                    return true;
+            let slot = &self.slots[index];
+            match Seen::of(slot.cell.word()) {
+                (Seen::Empty, false) => {
+                    if slot.cell.claim_empty() {
+                        // SAFETY: this thread claimed the slot; `from` is
+                        // the caller's contract.
+                        unsafe { slot.copy_key(from) };
+                        slot.cell.publish(state);
+                        self.counters.occupied.fetch_add(1, Ordering::Relaxed);
+                        return Placed::New;
+                    }
+                    continue;
                 }
-                continue;
+                (Seen::Empty, true) => return Placed::NoRoom,
+                (Seen::Busy, _) => {
+                    #[cfg(turnstile_loom)]
+                    crate::probe::hit(&crate::probe::WAITED_FOR_BUSY_SLOT);
+                    wait_briefly(&mut waited);
+                    continue;
+                }
+                // SAFETY: a word with a key, read through `word`; `from`
+                // is the caller's contract.
+                (seen, _) if seen.has_key() && unsafe { slot.same_key(from) } => {
+                    #[cfg(turnstile_loom)]
+                    crate::probe::hit(&crate::probe::COPY_FOUND_IN_PLACE);
+                    return Placed::Found;
+                }
+                _ => {}
             }
             index = (index + 1) & self.mask;
             probed += 1;
         }
-        false
+        Placed::NoRoom
     }
 }
 
 impl<K> Drop for RawMap<K> {
     fn drop(&mut self) {
         // SAFETY: `&mut self`: no other thread can reach this map, so nothing
-        // needs protecting. Each node is freed exactly once: nodes of the
-        // root that were COPIED are freed through the successor, DROPPED ones
-        // were already handed to the epoch, and the successor holds only
-        // LIVE slots (it is not migrating).
+        // needs protecting. Each table is freed once, and drops only the
+        // keys it owns (see `Table`'s `Drop`): a key copied from the root
+        // into its successor is dropped with the successor.
         unsafe {
             let guard = crossbeam_epoch::unprotected();
             let mut table = self.root.load(Ordering::Relaxed, guard);
             while !table.is_null() {
-                let t = table.deref();
-                for slot in t.slots.iter() {
-                    let node = slot.load(Ordering::Relaxed, guard);
-                    if !node.is_null() && matches!(node.tag(), LIVE | FROZEN) {
-                        drop(node.with_tag(LIVE).into_owned());
-                    }
-                }
-                let next = t.next.load(Ordering::Relaxed, guard);
+                let next = table.deref().next.load(Ordering::Relaxed, guard);
                 drop(table.into_owned());
                 table = next;
             }
