@@ -69,9 +69,9 @@ pub static COPY_FOUND_IN_PLACE: Probe = Probe::new();
 /// A thread met a slot claimed by an insert still writing its key, and
 /// waited for it.
 pub static WAITED_FOR_BUSY_SLOT: Probe = Probe::new();
-/// A checker read its bucket's state from a table that was then retired
-/// (the root swung past it) before the checker let go of it.
-pub static READ_FROM_MIGRATING_TABLE: Probe = Probe::new();
+/// A migration retired its old table (the root swung past it) and handed
+/// it to the epoch.
+pub static TABLE_RETIRED: Probe = Probe::new();
 /// An insert lost its slot's CAS (another insert filled it, or a thread
 /// going on to the successor froze it).
 pub static INSERT_LOST_SLOT: Probe = Probe::new();

@@ -78,13 +78,13 @@ fn a_shrinking_migration_raced_by_inserts_does_not_hang() {
 
     // The compacting thread: evict_idle evicts everything and starts a
     // migration into a table sized for the one live key (the smallest, 16
-    // slots), whose 128-byte slot array it allocates after counting the
-    // live keys. It waits there. (Before the fix the table was 64 slots,
+    // slots of 16 bytes: a `u64` key beside its cell), whose 256-byte slot
+    // array it allocates after counting the live keys. It waits there. (Before the fix the table was 64 slots,
     // and this test hung there.)
     let evictor = {
         let limiter = limiter.clone();
         thread::spawn(move || {
-            heap::pause_at(16 * 8);
+            heap::pause_at(16 * 16);
             limiter.evict_idle()
         })
     };
@@ -350,9 +350,10 @@ fn retired_tables_are_freed_on_a_frozen_clock() {
         let _ = limiter.check(&7);
     }
     let held = heap::live() - baseline;
-    // What the live table and its keys need: a slot pointer per slot and a
-    // node (hash, cell, key: 24 bytes) per key, plus a little.
-    let needed = limiter.capacity() * 8 + limiter.len() * 24;
+    // What the live table needs: 16 bytes per slot (a `u64` key beside its
+    // cell), plus a little. The table it grew from (half as many slots)
+    // would add half as much again.
+    let needed = limiter.capacity() * 16;
     assert!(
         held < needed + (256 << 10),
         "{held} bytes held, {needed} needed by the live table: retired tables were kept"

@@ -94,7 +94,9 @@ fn two_updaters_one_token() {
     reached(since, &probe::CAS_RETRY, "a CAS lost to the other updater");
 }
 
-/// (b) Two threads inserting the same key: one node, both updates counted.
+/// (b) Two threads inserting the same key: one bucket, both updates counted.
+/// The loser either loses the slot's claim or waits for the winner to
+/// publish its key (the slot is BUSY: it might hold the loser's key).
 #[test]
 fn insert_insert_same_key() {
     let since = model(|| {
@@ -117,6 +119,11 @@ fn insert_insert_same_key() {
         since,
         &probe::CONCURRENT_ADMITS,
         "two inserts of the key at once",
+    );
+    reached(
+        since,
+        &probe::WAITED_FOR_BUSY_SLOT,
+        "an insert waiting for the other insert to publish its key",
     );
 }
 
@@ -147,7 +154,11 @@ fn update_races_eviction() {
     );
 }
 
-/// (d) An update racing a migration (growth) that copies its node.
+/// (d) An update racing a migration (growth) that freezes and copies its
+/// cell: the update either lands before the freeze (and is copied) or
+/// fails on the frozen cell and retries in the successor; when it finds the
+/// cell frozen but not yet copied, it copies the cell itself, and the
+/// migration's own copy then finds the key in place (never two buckets).
 #[test]
 fn update_races_growth() {
     let since = model(|| {
@@ -166,15 +177,26 @@ fn update_races_growth() {
     });
     reached(
         since,
-        &probe::READ_FROM_MIGRATING_TABLE,
-        "an update finding its node in a slot being migrated",
+        &probe::UPDATE_MET_FROZEN,
+        "an update failing on a cell the migration froze",
+    );
+    reached(
+        since,
+        &probe::COPIED_BY_READER,
+        "a check copying its frozen cell before the migration did",
+    );
+    reached(
+        since,
+        &probe::COPY_FOUND_IN_PLACE,
+        "a copy finding its key already copied by the other thread",
     );
 }
 
-/// (e) A reader holding a node while it is evicted, dropped by a migration
-/// and handed to the epoch (and the garbage flushed, so the collector tries
-/// to free it): the reader's update meets the tombstone on memory that is
-/// still valid, and the key's next decision accounts for it.
+/// (e) A reader holding its slot while the bucket is evicted, left behind by
+/// a shrinking migration, and the table retired through the epoch (and the
+/// garbage flushed, so the collector tries to free it): the reader's update
+/// meets the tombstone on memory that is still valid, and the key's next
+/// decision accounts for it.
 #[test]
 fn reader_holds_node_through_reclamation() {
     static REACHED: AtomicBool = AtomicBool::new(false);
@@ -187,7 +209,7 @@ fn reader_holds_node_through_reclamation() {
         assert!(limiter.check(&1).is_allowed());
         assert!(limiter.check(&2).is_allowed());
         // Both idle: evict_idle empties the table, and the shrinking
-        // migration that follows drops both nodes.
+        // migration that follows leaves both behind and retires the table.
         clock.set(T);
         let other = limiter.clone();
         let evictor = spawn(move || other.evict_idle());
@@ -195,14 +217,14 @@ fn reader_holds_node_through_reclamation() {
         evictor.join().unwrap();
         let last = limiter.check(&1);
         assert_eq!(last.remaining(), 0, "the reader's update was lost");
-        let dropped = probe::NODE_DROPPED.last();
-        if dropped > start && probe::UPDATE_MET_TOMBSTONE.last() > dropped {
+        let retired = probe::TABLE_RETIRED.last();
+        if retired > start && probe::UPDATE_MET_TOMBSTONE.last() > retired {
             REACHED.store(true, Ordering::Relaxed);
         }
     });
     assert!(
         REACHED.load(Ordering::Relaxed),
-        "no execution had the reader meet its cell after the node was dropped"
+        "no execution had the reader meet its cell after its table was retired"
     );
 }
 

@@ -898,6 +898,8 @@ impl<K: Hash + Eq> RawMap<K> {
                 // frees it only after they unpin. It drops only the keys it
                 // still owns (dead ones); copied keys are the successor's.
                 unsafe { guard.defer_destroy(table) };
+                #[cfg(turnstile_loom)]
+                crate::probe::hit(&crate::probe::TABLE_RETIRED);
                 // Hand it to the collector now, not when this thread's local
                 // bag fills: retired memory must not wait on a housekeeping
                 // tick (a frozen clock has none), and a bag left on a
