@@ -14,8 +14,9 @@ use tower::{Layer, Service};
 
 use super::body::RateLimitBody;
 use super::headers::{self, HeaderSet};
-use super::key::{KeyExtractor, RequestParts};
+use super::key::KeyExtractor;
 use super::rejection::{Denied, OnDenied};
+use super::request::RequestParts;
 use super::{grpc, problem, Limiter};
 use crate::MultiDecision;
 
