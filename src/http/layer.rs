@@ -21,7 +21,8 @@ use super::{grpc, problem, Limiter};
 use crate::MultiDecision;
 
 /// What the layer does when its limiter fails (a Redis limiter whose store
-/// is down): the seeds' policy choice.
+/// is down): a real policy choice, between availability (fail open) and
+/// protection (fail closed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum OnLimiterError {
