@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Checks that the minimum Rust version turnstile declares is true: that
-# Cargo.toml's `rust-version` is the newest `rust-version` any crate of the
-# locked dependency tree declares (default features, every target
-# platform, dev-dependencies left out), and that the README's feature table
-# names, for each feature whose tree needs a newer Rust, exactly that
-# version ("Needs Rust X.Y"), and for no other feature. The README's
-# "the tests and benchmarks need Rust X.Y" (every feature and the
-# dev-dependencies) is checked the same way.
+# Cargo.toml's `rust-version`, and the README's "Minimum Rust version: X.Y",
+# is the newest `rust-version` any crate of the locked dependency tree
+# declares (default features, every target platform, dev-dependencies left
+# out); that the README's feature table says "Needs Rust X.Y", with exactly
+# that version, on the row of each feature whose tree needs a newer Rust,
+# and on no other row; and that the README's "the tests and benchmarks need
+# Rust X.Y" (every feature and the dev-dependencies) is right too.
 #
 #   scripts/msrv.sh     # a few seconds: dependency resolution only, no build
 #
@@ -22,6 +22,8 @@ fail() {
     exit 1
 }
 
+package=$(sed -n '/^\[package\]/,/^\[/s/^name = "\(.*\)"$/\1/p' Cargo.toml)
+[ -n "$package" ] || fail "no [package] name in Cargo.toml"
 declared=$(sed -n 's/^rust-version = "\([0-9.]*\)"$/\1/p' Cargo.toml)
 [ -n "$declared" ] || fail "no rust-version line in Cargo.toml"
 features=$(sed -n '/^\[features\]/,/^\[/s/^\([a-z0-9_-]*\) = .*/\1/p' Cargo.toml | grep -vx default)
@@ -37,15 +39,15 @@ newer() { [ "$(norm "$1")" != "$(norm "$2")" ] && [ "$(printf '%s\n%s\n' "$(norm
 declare -A rust_version # "name-version" -> its rust-version, or "" for none
 undeclared=()
 
-# Sets newest/newest_crate: the newest rust-version in turnstile's locked
+# Sets newest/newest_crate: the newest rust-version in the package's locked
 # dependency tree for these `cargo tree` flags (edges, features), and the
-# crate that declares it.
+# crate that declares it. Path crates (this workspace's) are not counted.
 # loom is pruned: it is behind `cfg(turnstile_loom)` / `cfg(crossbeam_loom)`,
 # set only by scripts/loom.sh, never by a user's build.
 newest() {
     local tree crate manifest rv
     newest="0" newest_crate="(none)"
-    tree=$(cargo tree --locked --quiet -p turnstile --target all --prune loom \
+    tree=$(cargo tree --locked --quiet -p "$package" --target all --prune loom \
         --prefix none -f '{p}' "$@") || fail "cargo tree $* failed"
     while read -r crate; do
         if [ -z "${rust_version[$crate]+set}" ]; then
@@ -60,7 +62,7 @@ newest() {
             newest=$rv
             newest_crate=$crate
         fi
-    done < <(awk '$1 != "turnstile" && $2 ~ /^v/ { print $1 "-" substr($2, 2) }' <<<"$tree" | sort -u)
+    done < <(awk '$2 ~ /^v/ && $3 !~ /^\(\// { print $1 "-" substr($2, 2) }' <<<"$tree" | sort -u)
 }
 
 newest -e no-dev
@@ -69,6 +71,9 @@ printf '%-10s %-8s %s\n' "features" "needs" "set by"
 printf '%-10s %-8s %s\n' "default" "$base" "$base_crate"
 [ "$(norm "$declared")" = "$(norm "$base")" ] ||
     fail "Cargo.toml declares rust-version $declared, but with default features the locked tree needs $base ($base_crate): declare $base"
+claimed=$(grep -oE 'Minimum Rust version: [0-9]+(\.[0-9]+)*' README.md | awk '{print $4}' || true)
+[ "$(norm "${claimed:-0}")" = "$(norm "$declared")" ] ||
+    fail "README.md says \"${claimed:+Minimum Rust version: $claimed}\", but Cargo.toml declares $declared: write \"Minimum Rust version: $declared\""
 
 for feature in $features; do
     newest -e no-dev --features "$feature"
