@@ -41,12 +41,11 @@ undeclared=()
 
 # Sets newest/newest_crate: the newest rust-version in the package's locked
 # dependency tree for these `cargo tree` flags (edges, features), and the
-# crate that declares it. Path crates (this workspace's) are not counted.
+# crates that declare it. Path crates (this workspace's) are not counted.
 # loom is pruned: it is behind `cfg(turnstile_loom)` / `cfg(crossbeam_loom)`,
 # set only by scripts/loom.sh, never by a user's build.
 newest() {
-    local tree crate manifest rv
-    newest="0" newest_crate="(none)"
+    local tree crate manifest rv found=""
     tree=$(cargo tree --locked --quiet -p "$package" --target all --prune loom \
         --prefix none -f '{p}' "$@") || fail "cargo tree $* failed"
     while read -r crate; do
@@ -58,11 +57,13 @@ newest() {
             [ -n "$rv" ] || undeclared+=("$crate")
         fi
         rv=${rust_version[$crate]}
-        if [ -n "$rv" ] && newer "$rv" "$newest"; then
-            newest=$rv
-            newest_crate=$crate
-        fi
+        [ -z "$rv" ] || found+="$(norm "$rv") $rv $crate"$'\n'
     done < <(awk '$2 ~ /^v/ && $3 !~ /^\(\// { print $1 "-" substr($2, 2) }' <<<"$tree" | sort -u)
+    # The newest version, as the crates write it, and every crate that
+    # declares it (a tie names them all).
+    read -r newest newest_crate < <(printf '%s' "${found:-0.0.0 0 (none)}" | sort -V -k1,1 | awk '
+        { if ($1 != top) { top = $1; rv = $2; crates = $3 } else { crates = crates ", " $3 } }
+        END { print rv, crates }')
 }
 
 newest -e no-dev
