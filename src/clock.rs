@@ -1,11 +1,15 @@
 //! Clocks: where "now" comes from, in nanoseconds since the clock's origin.
 //!
-//! | clock            | cost of a reading (this repo's bench machine) | resolution | safe when                                   |
+//! | clock            | cost of a reading | resolution | safe when                                   |
 //! |------------------|-------------------|------------|---------------------------------------------|
-//! | [`QuantaClock`]  | about 11 ns       | ~1 ns      | the TSC is invariant and synchronised across cores (any x86 server of the last decade; quanta falls back to `CLOCK_MONOTONIC` by itself where there is no usable TSC) |
-//! | [`RecentClock`]  | about 1 ns        | ~1 ms      | a decision may be up to one upkeep tick (1 ms) late: fine for quotas whose interval is much longer than 1 ms |
-//! | [`MonotonicClock`] | about 27 ns     | ~1 ns      | always: `std::time::Instant` is monotonic by contract; pick it where the TSC cannot be trusted (some VMs, old multi-socket boxes) |
+//! | [`QuantaClock`]  | one TSC read, scaled: cheaper than `Instant` | ~1 ns      | the TSC is invariant and synchronised across cores (any x86 server of the last decade; quanta falls back to `CLOCK_MONOTONIC` by itself where there is no usable TSC) |
+//! | [`RecentClock`]  | one atomic load: the cheapest | ~1 ms      | a decision may be up to one upkeep tick (1 ms) late: fine for quotas whose interval is much longer than 1 ms |
+//! | [`MonotonicClock`] | an OS clock read (`std::time::Instant`): the dearest | ~1 ns      | always: `std::time::Instant` is monotonic by contract; pick it where the TSC cannot be trusted (some VMs, old multi-socket boxes) |
 //! | [`ManualClock`]  | one atomic load   | exact      | tests and simulations: time moves only when you move it |
+//!
+//! The clock read is most of what a check costs: the measured figures, a
+//! check on [`RecentClock`] beside one on the TSC, are in the repository's
+//! `BENCHMARKS.md`.
 //!
 //! # A clock that steps backwards
 //!
@@ -34,8 +38,8 @@ pub trait Clock: Send + Sync {
 /// The clock a limiter uses unless told otherwise.
 pub type DefaultClock = QuantaClock;
 
-/// The TSC through `quanta`: about 11 ns a reading on this repository's
-/// bench machine, against about 27 ns for `std::time::Instant`.
+/// The TSC through `quanta`: cheaper to read than `std::time::Instant`,
+/// and the clock read is most of a check (figures: `BENCHMARKS.md`).
 #[derive(Clone, Debug)]
 pub struct QuantaClock {
     clock: quanta::Clock,
@@ -66,7 +70,8 @@ impl Clock for QuantaClock {
 }
 
 /// `quanta`'s "recent" time: one shared value that an upkeep thread refreshes
-/// every millisecond, so a reading is a single load (about 1 ns).
+/// every millisecond, so a reading is a single load (figures:
+/// `BENCHMARKS.md`).
 ///
 /// The upkeep thread is started once per process by the first `RecentClock`
 /// and runs until the process exits. If your program already runs a
@@ -114,7 +119,7 @@ impl Clock for RecentClock {
 }
 
 /// `std::time::Instant`: monotonic by contract on every platform, for
-/// machines whose TSC cannot be trusted. About 27 ns a reading here.
+/// machines whose TSC cannot be trusted. Dearer to read than the TSC.
 #[derive(Clone, Copy, Debug)]
 pub struct MonotonicClock {
     origin: Instant,

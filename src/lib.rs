@@ -66,8 +66,6 @@
 //!   new key without tracking it instead.
 //! - Keys are independent: there is no cross-key ordering.
 
-#![warn(missing_docs, missing_debug_implementations)]
-
 mod algorithm;
 pub mod algorithms;
 mod cell;

@@ -863,7 +863,11 @@ mod tests {
                             s.spawn(move || {
                                 let (mut a, mut b) = (0, 0);
                                 for i in 0..20_000u64 {
-                                    let n = if (i + w as u64) % 3 == 0 { max_cost } else { 1 };
+                                    let n = if (i + w as u64).is_multiple_of(3) {
+                                        max_cost
+                                    } else {
+                                        1
+                                    };
                                     if direct.check_n(n).unwrap().is_allowed() {
                                         a += n;
                                     }

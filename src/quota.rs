@@ -209,7 +209,7 @@ fn write_period(f: &mut fmt::Formatter<'_>, nanos: u64) -> fmt::Result {
     let (unit, len) = DISPLAY_UNITS
         .iter()
         .copied()
-        .find(|&(_, len)| nanos % len == 0)
+        .find(|&(_, len)| nanos.is_multiple_of(len))
         .unwrap_or(("ns", 1));
     match nanos / len {
         1 => write!(f, "{unit}"),

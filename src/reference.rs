@@ -1,10 +1,17 @@
 //! Reference models, kept for tests and comparisons, not for production.
 //!
-//! [`SeedTokenBucket`] is the floating-point token bucket of the seed
-//! documents (`shared/seeds/003_*.txt`, Python `TokenBucketRateLimiter`),
-//! ported line by line: the baseline that turnstile's GCRA is tested against
-//! (it must make the same decisions, up to floating-point rounding at the
-//! boundary) and benchmarked against (it is what the seeds would ship).
+//! [`SeedTokenBucket`] is the floating-point token bucket of the
+//! rate-limiting write-ups this project started from (its "seed"
+//! documents, which are not part of this repository: a book chapter, "A rate
+//! limiter, end to end", and two tutorials that build a fixed window, a
+//! sliding log and a token bucket in Python and Go), their Python
+//! `TokenBucketRateLimiter` ported line by line: the baseline that
+//! turnstile's GCRA is tested against (it must make the same decisions, up
+//! to floating-point rounding at the boundary) and benchmarked against (it
+//! is what a team following those tutorials would ship). Their worked
+//! examples (a bucket of 5 refilled at 2/s taking 7 requests at once, then 3
+//! more 1.1 s later; 150 requests at 59.9 s and 150 at 60.1 s against
+//! 100 a minute) are the "seed scenarios" of the tests and the CLI.
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -14,7 +21,7 @@ use std::sync::{Mutex, PoisonError};
 
 use crate::clock::{Clock, DefaultClock};
 
-/// A [`SeedTokenBucket`] parameter that the seeds' constructor refuses.
+/// A [`SeedTokenBucket`] parameter that the tutorials' constructor refuses.
 #[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SeedBucketError {
@@ -26,25 +33,26 @@ pub enum SeedBucketError {
     RefillRate(f64),
 }
 
-/// The seeds' floating-point token bucket, kept as they wrote it: **a
+/// The tutorials' floating-point token bucket, kept as they wrote it: **a
 /// reference model for tests and benchmark comparisons, not for production.**
 ///
-/// This is the Python `TokenBucketRateLimiter` of `shared/seeds/003_*.txt`:
+/// This is their Python `TokenBucketRateLimiter` (see the
+/// [module docs](crate::reference)):
 ///
 /// - one global `Mutex` around a `HashMap<K, (tokens, last_update_secs)>`,
 ///   so every check, for every key, serializes on one lock;
 /// - `f64` tokens and `f64` seconds (`clock.now() as f64 / 1e9`), refilled
 ///   lazily on each request: `tokens = min(capacity, tokens + elapsed * rate)`;
-/// - `elapsed` is clamped at 0 (as in `000_*.txt`), and the bucket's time is
-///   then set to the (earlier) reading, as the seeds do: a clock that steps
-///   back and forth therefore has its backward gap credited twice, which the
-///   seeds never noticed and GCRA does not do;
+/// - `elapsed` is clamped at 0 (as in the book chapter's version), and the
+///   bucket's time is then set to the (earlier) reading, as the tutorials
+///   do: a clock that steps back and forth therefore has its backward gap
+///   credited twice, which the tutorials never noticed and GCRA does not do;
 /// - the refilled balance is stored even when the request is rejected;
 /// - a new key starts full; a request for more than the capacity is `false`
 ///   without touching any state; so is a request for zero, a negative or a
 ///   NaN number of tokens (Python raises, Go returns `false`: no panic here);
 /// - **its memory never shrinks**: every key ever seen stays in the map
-///   forever (the seeds' own "leaks memory as users accumulate").
+///   forever (the tutorials' own warning: "leaks memory as users accumulate").
 ///
 /// Use [`DirectLimiter`](crate::DirectLimiter) or a keyed limiter instead.
 ///
@@ -102,7 +110,7 @@ impl<K: Hash + Eq, C: Clock> SeedTokenBucket<K, C> {
         })
     }
 
-    /// The seeds' `allow_request`: whether `key` may spend `tokens` tokens
+    /// The tutorials' `allow_request`: whether `key` may spend `tokens` tokens
     /// now. Takes the global lock.
     pub fn allow_request<Q>(&self, key: &Q, tokens: f64) -> bool
     where
@@ -291,7 +299,7 @@ mod tests {
 
     #[test]
     fn a_backwards_clock_is_clamped_then_the_gap_is_credited_again() {
-        // The seeds' behaviour, kept: elapsed is clamped at 0 but the bucket's
+        // The tutorials' behaviour, kept: elapsed is clamped at 0 but the bucket's
         // time moves back, so the next forward reading re-credits the gap.
         let clock = ManualClock::starting_at(Duration::from_secs(10));
         let bucket = seed(&clock);

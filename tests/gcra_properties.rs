@@ -7,7 +7,8 @@
 //! - (b) it never panics, whatever the `u64`s (times, costs, bursts, TATs),
 //!   and a clock that steps back never grants what the latest reading
 //!   would have denied;
-//! - (c) it agrees with the seeds' `f64` token bucket wherever the exact
+//! - (c) it agrees with the tutorials' `f64` token bucket
+//!   (`reference::SeedTokenBucket`) wherever the exact
 //!   token count is not within rounding distance of the decision boundary
 //!   (measured: see `f64_token_bucket_agrees_away_from_the_boundary`);
 //! - (d) the figures of every `Decision` are consistent.
@@ -409,10 +410,10 @@ fn retry_after_that_would_land_on_tombstone() -> Result<(), Box<dyn std::error::
 }
 
 // ---------------------------------------------------------------------------
-// (c) GCRA against the seeds' f64 token bucket
+// (c) GCRA against the tutorials' f64 token bucket
 // ---------------------------------------------------------------------------
 
-/// The seeds' token bucket as plain arithmetic, operation for operation the
+/// The tutorials' token bucket as plain arithmetic, operation for operation the
 /// same as `SeedTokenBucket::allow_request` (so the same bits), but with
 /// its state visible.
 #[derive(Debug, Clone, Copy)]
@@ -435,7 +436,7 @@ impl F64Bucket {
 }
 
 /// A quota whose `T` is exact (`period = count * T`), with the `f64` rate a
-/// user of the seeds would write for it: `count / period_in_seconds`.
+/// user of the tutorials would write for it: `count / period_in_seconds`.
 fn exact_quota() -> impl Strategy<Value = (Quota, f64)> {
     (
         1u64..=1_000,
@@ -534,7 +535,7 @@ fn compare(q: &Quota, rate: f64, timeline: &[(u64, u64)]) -> Comparison {
 proptest! {
     #![proptest_config(config())]
 
-    /// (c) On quotas with an exact `T`, the GCRA and the seeds' f64 bucket
+    /// (c) On quotas with an exact `T`, the GCRA and the tutorials' f64 bucket
     /// make the same decision unless the exact token count is within a
     /// rounding epsilon of the cost (the decision boundary).
     ///
@@ -553,12 +554,12 @@ proptest! {
     /// differs. Every disagreement found was the same kind: the exact token
     /// count was *exactly* the cost (distance 0: GCRA's `tat' - now == tau`,
     /// allowed), and the f64 sum `tokens + elapsed * rate` came out one ulp
-    /// or so short (for example 0.9999999999999998), so the seeds' bucket
+    /// or so short (for example 0.9999999999999998), so the tutorials' bucket
     /// denied. The f64 bucket never allowed where GCRA denied in these runs.
     /// The epsilon below (`1e-12 * (1 + B + now_secs * rate)`) has a wide
     /// margin over that; its `now_secs * rate` term is there because `f64`
     /// seconds stop holding whole nanoseconds after 2^52 ns (about 52 days),
-    /// past which the seeds' bucket is off by `rate * ulp(now)` tokens.
+    /// past which the tutorials' bucket is off by `rate * ulp(now)` tokens.
     /// GCRA on integer nanoseconds has no boundary error at all.
     #[test]
     fn f64_token_bucket_agrees_away_from_the_boundary(

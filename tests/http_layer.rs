@@ -12,7 +12,7 @@ use axum::routing::get;
 use axum::Router;
 use reqwest::header::HeaderValue;
 use turnstile::http::{
-    ClientIp, HttpKey, KeyExtractor, Limiter, OnBadKey, OnLimiterError, RateLimitLayer,
+    ClientIp, HttpKey, KeyExtractor, LayerError, Limiter, OnBadKey, OnLimiterError, RateLimitLayer,
 };
 use turnstile::{KeyedLimiter, KeyedMultiLimiter, ManualClock, MultiDecision, Quota};
 
@@ -438,9 +438,14 @@ fn policy_names_that_cannot_be_headers_are_errors() {
         .name("caf\u{e9}")
         .build()
         .expect_err("non-ASCII name");
-    assert!(error
-        .to_string()
-        .contains("cannot go in a RateLimit header"));
+    assert!(
+        matches!(&error, LayerError::BadName { name, character: '\u{e9}' } if name == "caf\u{e9}"),
+        "{error:?}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "the policy name \"caf\u{e9}\" cannot go in a RateLimit header: '\u{e9}' is not printable ASCII"
+    );
 }
 
 #[derive(Clone)]

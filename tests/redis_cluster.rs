@@ -34,7 +34,8 @@ async fn keys_spread_over_three_masters_and_decisions_stay_exact(
     let local = KeyedLimiter::<String, _>::builder(quota)
         .clock(clock.clone())
         .build();
-    // The seed scenario on every key: 7 at once, then 3 after 1.1 s.
+    // The tutorials' first worked example on every key: 7 at once, then 3
+    // after 1.1 s.
     let mut admitted = 0;
     for (advance, requests) in [(0, 7), (1_100, 3)] {
         clock.advance(Duration::from_millis(advance));

@@ -1,4 +1,5 @@
-//! Exact decisions from a real `redis-server`: the seed scenarios give the
+//! Exact decisions from a real `redis-server`: the seed scenarios (the
+//! tutorials' worked examples, see `turnstile::reference`) give the
 //! same admitted counts and the same `Decision` figures as the local GCRA;
 //! the script's contract (PEXPIRE, NOSCRIPT, keys, hash tags); bad input.
 #![cfg(feature = "redis")]

@@ -1,4 +1,5 @@
-//! The seeds' fleet: 20 independent gateways (each its own limiter and
+//! The fleet of the book chapter this project started from (see
+//! `turnstile::reference`): 20 independent gateways (each its own limiter and
 //! connection) hammering 1,000 users at once against one real Redis. No
 //! user is admitted more than `B + elapsed / T` (elapsed by the server's
 //! clock), and no admission is lost (each one moved the user's TAT).

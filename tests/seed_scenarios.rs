@@ -1,5 +1,7 @@
-//! The seed documents' scenarios (`shared/seeds/`), exact, on a manual clock,
-//! with every figure of every `Decision` checked.
+//! The seed scenarios, exact, on a manual clock, with every figure of every
+//! `Decision` checked: the worked examples of the rate-limiting tutorials
+//! this project started from (see `turnstile::reference`), replayed on
+//! turnstile's limiters and on the tutorials' own `f64` token bucket.
 //!
 //! Capacity 5 refilled at 2/s is `Quota::per_second(2)?.burst(5)?`: one token
 //! every `T = 500 ms`, tolerance `tau = B * T = 2.5 s`.

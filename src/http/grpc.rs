@@ -81,7 +81,7 @@ pub(crate) fn status_response(code: u16, message: &str) -> Response<Bytes> {
 /// A wait in whole milliseconds, rounded up (never `0` for a real wait).
 pub(crate) fn pushback_ms(wait: Duration) -> u64 {
     let ms = wait.as_millis();
-    let ms = ms + u128::from(wait.subsec_nanos() % 1_000_000 > 0);
+    let ms = ms + u128::from(!wait.subsec_nanos().is_multiple_of(1_000_000));
     u64::try_from(ms).unwrap_or(u64::MAX).max(1)
 }
 

@@ -43,13 +43,20 @@ pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelim
 pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// A duration in whole seconds, rounded up.
-pub fn ceil_secs(d: Duration) -> u64 {
+pub(crate) fn ceil_secs(d: Duration) -> u64 {
     d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
-/// A policy name as a structured-field string (`"api"`), or why it cannot
-/// be one: only printable ASCII is allowed; `"` and `\` are escaped.
-pub fn sf_string(name: &str) -> Result<String, String> {
+/// Why a name cannot be a structured-field string: it holds this
+/// character, which is not printable ASCII.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not printable ASCII")]
+pub(crate) struct NotPrintable(pub(crate) char);
+
+/// A policy name as a structured-field string (`"api"`), or the first
+/// character that keeps it from being one: only printable ASCII is
+/// allowed; `"` and `\` are escaped.
+pub(crate) fn sf_string(name: &str) -> Result<String, NotPrintable> {
     let mut out = String::with_capacity(name.len() + 2);
     out.push('"');
     for c in name.chars() {
@@ -59,7 +66,7 @@ pub fn sf_string(name: &str) -> Result<String, String> {
                 out.push(c);
             }
             ' '..='~' => out.push(c),
-            _ => return Err(format!("{c:?} is not printable ASCII")),
+            _ => return Err(NotPrintable(c)),
         }
     }
     out.push('"');
@@ -159,8 +166,12 @@ mod tests {
     fn names_become_sf_strings() {
         assert_eq!(sf_string("api").as_deref(), Ok("\"api\""));
         assert_eq!(sf_string("a\"b\\c").as_deref(), Ok("\"a\\\"b\\\\c\""));
-        assert!(sf_string("caf\u{e9}").is_err());
-        assert!(sf_string("a\nb").is_err());
+        assert_eq!(sf_string("caf\u{e9}"), Err(NotPrintable('\u{e9}')));
+        assert_eq!(sf_string("a\nb"), Err(NotPrintable('\n')));
+        assert_eq!(
+            NotPrintable('\n').to_string(),
+            "'\\n' is not printable ASCII"
+        );
     }
 
     #[test]

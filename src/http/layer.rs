@@ -13,14 +13,16 @@ use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
 use super::body::RateLimitBody;
-use super::headers::{self, HeaderSet};
-use super::key::{KeyExtractor, RequestParts};
+use super::headers::{self, HeaderSet, NotPrintable};
+use super::key::KeyExtractor;
 use super::rejection::{Denied, OnDenied};
+use super::request::RequestParts;
 use super::{grpc, problem, Limiter};
 use crate::MultiDecision;
 
 /// What the layer does when its limiter fails (a Redis limiter whose store
-/// is down): the seeds' policy choice.
+/// is down): a real policy choice, between availability (fail open) and
+/// protection (fail closed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum OnLimiterError {
@@ -43,13 +45,17 @@ impl Default for OnLimiterError {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum LayerError {
-    /// The policy name cannot be written in a header.
-    #[error("the policy name {name:?} cannot go in a RateLimit header: {reason}")]
+    /// The policy name cannot be written in a header: it holds a
+    /// character that is not printable ASCII.
+    #[error(
+        "the policy name {name:?} cannot go in a RateLimit header: {}",
+        NotPrintable(*character)
+    )]
     BadName {
         /// The name given.
         name: String,
-        /// Why.
-        reason: String,
+        /// Its first character that is not printable ASCII.
+        character: char,
     },
     /// [`policy_names`](RateLimitLayerBuilder::policy_names) gave a name
     /// count that is not the limiter's quota count.
@@ -380,17 +386,19 @@ impl<L: Limiter> RateLimitLayerBuilder<L> {
             .iter()
             .zip(&quotas)
             .map(|(name, quota)| {
-                let quoted = headers::sf_string(name).map_err(|reason| LayerError::BadName {
-                    name: name.clone(),
-                    reason,
+                let quoted = headers::sf_string(name).map_err(|NotPrintable(character)| {
+                    LayerError::BadName {
+                        name: name.clone(),
+                        character,
+                    }
                 })?;
                 Ok((quoted, *quota))
             })
             .collect::<Result<Vec<_>, LayerError>>()?;
         // The layer's own name labels the metrics: check it too.
-        headers::sf_string(&self.name).map_err(|reason| LayerError::BadName {
+        headers::sf_string(&self.name).map_err(|NotPrintable(character)| LayerError::BadName {
             name: self.name.clone(),
-            reason,
+            character,
         })?;
         let route = self.route.as_deref().unwrap_or(&self.name);
         Ok(RateLimitLayer {

@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use std::future::{ready, Future, Ready};
 use std::sync::Arc;
 
-use super::HttpKey;
+use super::request::HttpKey;
 use crate::{
     Clock, DirectLimiter, Gcra, KeyedLimiter, KeyedMultiLimiter, MultiDecision, MultiLimiter, Quota,
 };

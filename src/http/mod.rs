@@ -126,6 +126,7 @@
 //! layers first is fine. A layer's series appear with its first request.
 
 mod body;
+mod client_ip;
 mod grpc;
 pub mod headers;
 pub mod key;
@@ -133,12 +134,11 @@ mod layer;
 mod limiter;
 mod problem;
 mod rejection;
+mod request;
 
 pub use body::RateLimitBody;
-pub use key::{
-    ClientIp, HttpKey, KeyError, KeyExtractor, OnBadKey, PeerAddr, RequestParts,
-    DEFAULT_MAX_KEY_LEN, X_FORWARDED_FOR, X_REAL_IP,
-};
+pub use client_ip::{ClientIp, PeerAddr, X_FORWARDED_FOR, X_REAL_IP};
+pub use key::{KeyExtractor, OnBadKey, DEFAULT_MAX_KEY_LEN};
 pub use layer::{
     LayerError, OnLimiterError, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResponseFuture,
     DECISIONS_METRIC,
@@ -146,3 +146,4 @@ pub use layer::{
 pub use limiter::Limiter;
 pub use problem::PROBLEM_JSON;
 pub use rejection::Denied;
+pub use request::{HttpKey, KeyError, RequestParts};
