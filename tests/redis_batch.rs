@@ -277,6 +277,35 @@ async fn a_batch_redis_cannot_answer_gets_the_failure_policy_for_every_key() -> 
     Ok(())
 }
 
+/// With leases on, a batch spends a key's leased tokens first, as checks
+/// do, and sends only the rest to Redis, asking for just their cost: a
+/// batch takes no new lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_spends_leases_and_takes_none() -> TestResult {
+    let server = RedisServer::start()?;
+    let limiter = on(&server, Quota::per_hour(1)?.burst(20)?, "lease:")
+        .lease(5)
+        .build()
+        .await?;
+    // A check takes 5 tokens from Redis: its own and 4 kept here.
+    assert!(limiter.check("a").await?.is_allowed());
+    let mut out = Vec::new();
+    limiter.check_batch(&["a"; 5], &mut out).await?;
+    assert!(out.iter().all(|d| d.is_allowed()));
+    let m = limiter.metrics();
+    assert_eq!((m.lease_hits, m.redis_calls), (4, 2), "4 leased, 1 sent");
+    // The batch kept nothing: the next check goes to Redis (and leases).
+    assert!(limiter.check("a").await?.is_allowed());
+    assert_eq!(limiter.metrics().redis_calls, 3);
+    // A batch its leases decide entirely makes no call.
+    limiter.check_batch(&["a", "a"], &mut out).await?;
+    let m = limiter.metrics();
+    assert_eq!((m.lease_hits, m.redis_calls), (6, 3));
+    // Redis gave out 5 + 1 + 5 tokens of 20: 9 left, 8 after one more.
+    assert_eq!(limiter.peek("a").await?.remaining(), 8);
+    Ok(())
+}
+
 /// Bad batches are refused with the error and index of the first bad
 /// entry, deciding nothing and sending nothing; an empty batch is no call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
