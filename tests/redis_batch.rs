@@ -447,3 +447,40 @@ async fn a_cluster_batch_is_one_call_per_slot_and_decides_as_one_by_one() -> Tes
     assert_eq!(tagged.metrics().redis_calls, 2);
     Ok(())
 }
+
+/// Not a test: the time of one batch against the same checks one by one,
+/// printed (`cargo test --features redis --test redis_batch -- --ignored
+/// --nocapture`). Nothing is asserted on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "prints figures; run by hand"]
+async fn print_batch_and_one_by_one_times() -> TestResult {
+    let server = RedisServer::start()?;
+    let limiter = on(&server, Quota::per_hour(1)?.burst(1_000_000)?, "time:")
+        .build()
+        .await?;
+    let mut out = Vec::new();
+    for size in [1usize, 8, 32, 256] {
+        let keys: Vec<String> = (0..size).map(|i| format!("k{i}")).collect();
+        let rounds = 200;
+        let (mut batch, mut single) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let started = std::time::Instant::now();
+            limiter.check_batch(&keys, &mut out).await?;
+            batch.push(started.elapsed());
+            let started = std::time::Instant::now();
+            for key in &keys {
+                let _ = limiter.check(key).await?;
+            }
+            single.push(started.elapsed());
+        }
+        batch.sort_unstable();
+        single.sort_unstable();
+        println!(
+            "batch of {size:>3}: median {:>9.1?} in one call, {:>9.1?} one by one ({:.1?} per key batched)",
+            batch[rounds / 2],
+            single[rounds / 2],
+            batch[rounds / 2] / size as u32,
+        );
+    }
+    Ok(())
+}
