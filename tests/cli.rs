@@ -148,6 +148,8 @@ fn a_small_latency_run_prints_every_row() {
         "GCRA DirectLimiter",
         "GCRA KeyedLimiter<u64>, 1 key",
         "GCRA KeyedLimiter<u64>, 1,000 keys",
+        "GCRA check_batch 1,000 keys, b=8",
+        "GCRA check_batch 1M keys, b=256",
         "fixed window",
         "sliding-window counter",
         "sliding log",
@@ -177,4 +179,25 @@ fn latency_can_run_one_algorithm() {
     let text = stdout(&output);
     assert!(text.contains("1,000 keys"), "{text}");
     assert!(!text.contains("GCRA DirectLimiter"), "{text}");
+}
+
+#[test]
+fn latency_prints_a_row_per_batch_size() {
+    let output = turnstile(&[
+        "latency",
+        "--checks",
+        "1024",
+        "--threads",
+        "1",
+        "--algorithm",
+        "gcra-batch-1000",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    for size in [1, 8, 32, 256] {
+        let label = format!("GCRA check_batch 1,000 keys, b={size} ");
+        let rows = text.lines().filter(|l| l.starts_with(&label)).count();
+        assert_eq!(rows, 1, "{label}\n{text}");
+    }
+    assert!(!text.contains("n/a"), "{text}");
 }

@@ -8,6 +8,7 @@
 //! its own row and left in the others: readers can judge it, nothing is
 //! subtracted.
 
+use std::cell::RefCell;
 use std::hint::black_box;
 use std::io::Write;
 use std::num::NonZeroUsize;
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use turnstile::algorithms::{FixedWindow, SlidingLog, SlidingWindow};
 use turnstile::reference::SeedTokenBucket;
-use turnstile::{DirectLimiter, KeyedLimiter, QuantaClock, Quota};
+use turnstile::{Decision, DirectLimiter, KeyedLimiter, QuantaClock, Quota};
 
 use super::UsageError;
 
@@ -99,6 +100,14 @@ pub(crate) enum Bench {
     /// `peers`).
     #[value(name = "governor-keyed-1000000")]
     GovernorKeyedMillion,
+    /// GCRA, `KeyedLimiter<u64>::check_batch` over 1,000 keys, in batches
+    /// of 1, 8, 32 and 256 (one row each, figures per key).
+    #[value(name = "gcra-batch-1000")]
+    GcraBatch1000,
+    /// GCRA, `KeyedLimiter<u64>::check_batch` over 1,000,000 keys, in
+    /// batches of 1, 8, 32 and 256 (one row each, figures per key).
+    #[value(name = "gcra-batch-1000000")]
+    GcraBatchMillion,
     /// Fixed window (`DirectLimiter::from_algorithm`).
     FixedWindow,
     /// Sliding-window counter (`DirectLimiter::from_algorithm`).
@@ -111,14 +120,16 @@ pub(crate) enum Bench {
 
 impl Bench {
     /// Every row, in table order.
-    const ALL: [Bench; 11] = [
+    const ALL: [Bench; 13] = [
         Bench::Gcra,
         Bench::GovernorDirect,
         Bench::GcraKeyed,
         Bench::GcraKeyed1000,
         Bench::GovernorKeyed1000,
+        Bench::GcraBatch1000,
         Bench::GcraKeyedMillion,
         Bench::GovernorKeyedMillion,
+        Bench::GcraBatchMillion,
         Bench::FixedWindow,
         Bench::SlidingWindow,
         Bench::SlidingLog,
@@ -135,6 +146,8 @@ impl Bench {
             Bench::GovernorDirect => "governor direct",
             Bench::GovernorKeyed1000 => "governor keyed (ahash), 1,000 keys",
             Bench::GovernorKeyedMillion => "governor keyed (ahash), 1M keys",
+            Bench::GcraBatch1000 => "GCRA check_batch 1,000 keys",
+            Bench::GcraBatchMillion => "GCRA check_batch 1M keys",
             Bench::FixedWindow => "fixed window",
             Bench::SlidingWindow => "sliding-window counter",
             Bench::SlidingLog => "sliding log (Mutex)",
@@ -145,7 +158,9 @@ impl Bench {
     /// The keys a keyed row spreads its checks over.
     fn keys(self) -> u64 {
         match self {
-            Bench::GcraKeyedMillion | Bench::GovernorKeyedMillion => MILLION_KEYS,
+            Bench::GcraKeyedMillion | Bench::GovernorKeyedMillion | Bench::GcraBatchMillion => {
+                MILLION_KEYS
+            }
             _ => MANY_KEYS,
         }
     }
@@ -161,6 +176,9 @@ impl Bench {
         }
     }
 }
+
+/// The batch sizes of the `check_batch` rows.
+const BATCH_SIZES: [u64; 4] = [1, 8, 32, 256];
 
 /// Label of the timing-overhead row.
 const OVERHEAD_LABEL: &str = "empty measurement (2 raw reads)";
@@ -199,6 +217,15 @@ fn measure<F>(threads: usize, checks: u64, check: F) -> Stats
 where
     F: Fn(u64) -> bool + Sync,
 {
+    measure_counted(threads, checks, |i| u64::from(check(i)))
+}
+
+/// [`measure`] for calls that each decide several checks: `call(i)`
+/// returns how many it allowed.
+fn measure_counted<F>(threads: usize, checks: u64, check: F) -> Stats
+where
+    F: Fn(u64) -> u64 + Sync,
+{
     let clock = quanta::Clock::new();
     let start = Barrier::new(threads + 1);
     let threads_u64 = threads as u64;
@@ -219,7 +246,7 @@ where
                         let pass = black_box(check(black_box(i)));
                         let end = clock.raw();
                         samples.push(clock.delta_as_nanos(begin, end));
-                        allowed += u64::from(pass);
+                        allowed += pass;
                     }
                     (samples, allowed)
                 })
@@ -286,6 +313,9 @@ fn run_bench(bench: Bench, threads: usize, checks: u64) -> Result<Stats, String>
         Bench::GovernorDirect | Bench::GovernorKeyed1000 | Bench::GovernorKeyedMillion => {
             peers::run(bench, threads, checks, count)?
         }
+        Bench::GcraBatch1000 | Bench::GcraBatchMillion => {
+            return Err("a batch row is measured by run_rows, one row per size".to_owned())
+        }
         Bench::FixedWindow => {
             let window = FixedWindow::new(&quota).map_err(|e| e.to_string())?;
             let limiter = DirectLimiter::from_algorithm(window, clock());
@@ -310,6 +340,62 @@ fn run_bench(bench: Bench, threads: usize, checks: u64) -> Result<Stats, String>
             measure(threads, checks, |_| bucket.allow_request(&0, 1.0))
         }
     })
+}
+
+/// The rows of `bench`: one, or one per batch size for the `check_batch`
+/// rows (a limiter filled once, measured at every size).
+fn run_rows(bench: Bench, threads: usize, checks: u64) -> Result<Vec<(String, Stats)>, String> {
+    if !matches!(bench, Bench::GcraBatch1000 | Bench::GcraBatchMillion) {
+        return Ok(vec![(
+            bench.label().to_owned(),
+            run_bench(bench, threads, checks)?,
+        )]);
+    }
+    let keys = shuffled_keys(bench.keys());
+    let limiter = KeyedLimiter::<u64>::builder(keyed_quota(bench.quota_count(checks))?)
+        .max_keys(keys.len())
+        .build();
+    for key in &keys {
+        let _ = limiter.check(key);
+    }
+    std::thread_local! {
+        /// Each thread's batch of keys and its decisions, reused.
+        static BUFFERS: RefCell<(Vec<u64>, Vec<Decision>)> = const {
+            RefCell::new((Vec::new(), Vec::new()))
+        };
+    }
+    Ok(BATCH_SIZES
+        .iter()
+        .map(|&size| {
+            // Call `b` decides checks `b * size ..` of the same walk as the
+            // keyed rows, one call per thread at least.
+            let batches = (checks / size).max(threads as u64);
+            let stats = measure_counted(threads, batches, |b| {
+                BUFFERS.with(|buffers| {
+                    let (batch, out) = &mut *buffers.borrow_mut();
+                    batch.clear();
+                    batch.extend((b * size..(b + 1) * size).map(|i| walk(&keys, i)));
+                    limiter.check_batch(&batch[..], out);
+                    out.iter().filter(|d| d.is_allowed()).count() as u64
+                })
+            });
+            let label = format!("{}, b={size}", bench.label());
+            (label, per_key(stats, size))
+        })
+        .collect())
+}
+
+/// A batch row's figures per key: each sample (one batch) divided by the
+/// batch size.
+fn per_key(stats: Stats, size: u64) -> Stats {
+    Stats {
+        checks: stats.checks * size,
+        allowed: stats.allowed,
+        mean: stats.mean / size as f64,
+        percentiles: stats.percentiles.map(|ns| ns / size),
+        max: stats.max / size,
+        wall: stats.wall,
+    }
 }
 
 /// `n` distinct keys in a random order, so a walk over them is not the
@@ -413,7 +499,7 @@ fn grouped(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -529,8 +615,12 @@ pub(crate) fn run(args: &LatencyArgs, out: &mut impl Write) -> Result<(), UsageE
         let overhead = measure(threads, args.checks, |_| true);
         row(out, OVERHEAD_LABEL, threads, &overhead)?;
         for &bench in &benches {
-            match run_bench(bench, threads, args.checks) {
-                Ok(stats) => row(out, bench.label(), threads, &stats)?,
+            match run_rows(bench, threads, args.checks) {
+                Ok(rows) => {
+                    for (label, stats) in rows {
+                        row(out, &label, threads, &stats)?;
+                    }
+                }
                 Err(reason) => writeln!(out, "{:<LABEL_WIDTH$} n/a: {reason}", bench.label())?,
             }
         }
@@ -549,6 +639,14 @@ pub(crate) fn run(args: &LatencyArgs, out: &mut impl Write) -> Result<(), UsageE
     writeln!(
         out,
         "  keyed rows: 1 per hour, burst {count} per key, so no key goes idle (and is evicted) between its checks"
+    )?;
+    writeln!(
+        out,
+        "  check_batch rows (b = keys per batch): each sample is one batch of the keyed rows' walk, shown"
+    )?;
+    writeln!(
+        out,
+        "  per key (the batch's time / b, one clock read per batch); compare with the keyed rows above"
     )?;
     writeln!(
         out,
@@ -599,6 +697,9 @@ mod tests {
     #[test]
     fn every_row_runs_on_one_and_two_threads() {
         for bench in Bench::ALL {
+            if matches!(bench, Bench::GcraBatch1000 | Bench::GcraBatchMillion) {
+                continue; // below
+            }
             for threads in [1, 2] {
                 let stats = match run_bench(bench, threads, 1_000) {
                     Ok(stats) => stats,
@@ -619,6 +720,26 @@ mod tests {
             let stats = run_bench(bench, 1, 10_000).unwrap();
             assert_eq!(stats.allowed, 10_000, "{bench:?}");
         }
+    }
+
+    #[test]
+    fn batch_rows_run_every_size_and_allow_every_key() {
+        for threads in [1, 2] {
+            let rows = run_rows(Bench::GcraBatch1000, threads, 2_048).unwrap();
+            let sizes: Vec<String> = rows.iter().map(|(label, _)| label.clone()).collect();
+            assert_eq!(sizes.len(), BATCH_SIZES.len());
+            for ((label, stats), size) in rows.iter().zip(BATCH_SIZES) {
+                assert!(label.ends_with(&format!("b={size}")), "{label}");
+                assert!(label.len() <= LABEL_WIDTH, "{label}");
+                assert_eq!(stats.checks, 2_048, "{label}: whole batches");
+                assert_eq!(stats.allowed, stats.checks, "{label}");
+                let [p50, p95, p99, p999] = stats.percentiles;
+                assert!(p50 <= p95 && p95 <= p99 && p99 <= p999, "{label}");
+            }
+        }
+        let rows = run_rows(Bench::GcraBatchMillion, 1, 512).unwrap();
+        assert_eq!(rows.len(), BATCH_SIZES.len());
+        assert!(rows.iter().all(|(_, s)| s.allowed == s.checks));
     }
 
     #[test]

@@ -56,11 +56,61 @@ impl Connection {
         Ok(Connection::Cluster(client.get_async_connection().await?))
     }
 
+    /// Whether this is a Cluster: a call's keys must then share a slot.
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Connection::Cluster(_))
+    }
+
     /// Runs the script.
     pub(crate) async fn invoke(&self, call: &ScriptInvocation<'_>) -> RedisResult<Vec<i64>> {
         match self {
             Connection::Single(manager) => call.invoke_async(&mut manager.clone()).await,
             Connection::Cluster(cluster) => call.invoke_async(&mut cluster.clone()).await,
         }
+    }
+}
+
+/// Redis Cluster's hash slot of `key`: CRC16 (XMODEM) of its hash tag (the
+/// bytes between the first `{` and the next `}`, when not empty) or of the
+/// whole key, modulo 16384, as the Cluster specification defines it.
+pub(crate) fn slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        Some(&rest[..close]).filter(|tag| !tag.is_empty())
+    });
+    crc16(tagged.unwrap_or(key)) % 16_384
+}
+
+/// CRC16-CCITT (XMODEM): polynomial 0x1021, initial value 0.
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc = 0u16;
+    for &byte in bytes {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_follow_the_cluster_specification() {
+        // The specification's check value, and slots redis-cli reports.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(slot(b"foo"), 12_182);
+        assert_eq!(slot(b"bar"), 5_061);
+        // A hash tag picks the slot; an empty one does not count.
+        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
+        assert_eq!(slot(b"foo{}{bar}"), crc16(b"foo{}{bar}") % 16_384);
+        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
     }
 }

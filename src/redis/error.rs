@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::CostError;
+use crate::{BatchError, CostError};
 
 /// Why a [`RedisLimiter`](super::RedisLimiter) could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -30,8 +30,8 @@ pub enum RedisBuildError {
     Connect(#[from] redis::RedisError),
 }
 
-/// A check that can never be decided, whatever Redis does. Nothing is sent
-/// to Redis and no state changes.
+/// A check (or batch) that can never be decided, whatever Redis does.
+/// Nothing is sent to Redis and no state changes.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RedisLimitError {
@@ -49,6 +49,20 @@ pub enum RedisLimitError {
         len: usize,
         /// The most allowed.
         max: usize,
+    },
+    /// A batch whose keys and costs do not pair up, or with a cost that can
+    /// never be met: the errors of the local
+    /// [`KeyedLimiter::check_batch_n`](crate::KeyedLimiter::check_batch_n).
+    #[error(transparent)]
+    Batch(#[from] BatchError),
+    /// A key of a batch that no check may use (the first one found).
+    #[error("key {index} of the batch (from 0): {source}")]
+    BatchKey {
+        /// Its position in the batch.
+        index: usize,
+        /// What is wrong with it ([`EmptyKey`](Self::EmptyKey) or
+        /// [`KeyTooLong`](Self::KeyTooLong)).
+        source: Box<RedisLimitError>,
     },
     /// Redis gave no answer to a peek, refund, reset or multi-limit call
     /// (these have no failure policy: the caller decides what to do).

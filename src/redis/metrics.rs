@@ -18,11 +18,14 @@ use super::error::CallError;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct MetricsSnapshot {
-    /// Checks allowed (by Redis, by a lease, or by the failure policy).
+    /// Checks allowed (by Redis, by a lease, or by the failure policy;
+    /// each key of a batch is a check).
     pub allowed: u64,
     /// Checks denied (likewise).
     pub denied: u64,
-    /// Script calls sent to Redis.
+    /// Script calls sent to Redis: one per check that was not decided by a
+    /// lease or the breaker, one per batch (one per hash slot of the batch
+    /// on a Cluster).
     pub redis_calls: u64,
     /// Checks decided by spending locally leased tokens, with no call.
     pub lease_hits: u64,
@@ -40,7 +43,7 @@ pub struct MetricsSnapshot {
     /// Checks decided by the failure policy (an error, a timeout, or an
     /// open breaker).
     pub fallback_decisions: u64,
-    /// Latency of successful Redis calls.
+    /// Latency of successful Redis calls (a batch's call counts once).
     pub latency: LatencySnapshot,
 }
 

@@ -17,7 +17,7 @@ use redis::Script;
 
 use super::error::{CallError, RedisBuildError, RedisLimitError};
 use super::script::GcraScript;
-use super::{HashTag, RedisLimiter, MAX_KEY_BYTES};
+use super::{check_key, HashTag, RedisLimiter};
 use crate::algorithm::Algorithm;
 use crate::multi::{peek_all, MultiDecision};
 use crate::{CostError, Decision, Quotas};
@@ -173,19 +173,6 @@ impl RedisLimiter {
 fn ops_script() -> &'static Script {
     static SCRIPT: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
     SCRIPT.get_or_init(|| Script::new(include_str!("ops.lua")))
-}
-
-fn check_key(key: &[u8]) -> Result<(), RedisLimitError> {
-    if key.is_empty() {
-        return Err(RedisLimitError::EmptyKey);
-    }
-    if key.len() > MAX_KEY_BYTES {
-        return Err(RedisLimitError::KeyTooLong {
-            len: key.len(),
-            max: MAX_KEY_BYTES,
-        });
-    }
-    Ok(())
 }
 
 async fn run_script(

@@ -28,13 +28,15 @@
 //! `gcra.lua` reads `TAT` with `GET`, computes exactly what
 //! [`Gcra`] computes, stores the new `TAT` and sets `PEXPIRE`
 //! to the bucket's reset time (when the bucket is full again, a missing key
-//! decides the same, so idle users cost Redis nothing). It takes one key and
+//! decides the same, so idle users cost Redis nothing). It takes its keys and
 //! every value through `KEYS`/`ARGV` (no string building), so it runs on
-//! Redis Cluster. It is sent with `EVALSHA` and loaded again on `NOSCRIPT`
+//! Redis Cluster (a call's keys in one hash slot). It is sent with `EVALSHA` and loaded again on `NOSCRIPT`
 //! (the redis crate's [`Script`]).
 //!
-//! The reply is `{granted, TAT before, now}`; the [`Decision`] is then
-//! worked out in Rust by [`Gcra`] itself on those numbers
+//! One call decides one request or several, in order, at one `now` (a
+//! batch: [`RedisLimiter::check_batch`](super::RedisLimiter::check_batch)).
+//! The reply is `{now, granted, TAT before, ...}`, a pair per request; each
+//! [`Decision`] is then worked out in Rust by [`Gcra`] itself on those numbers
 //! (scaled to nanoseconds), so Redis decisions carry the same figures as
 //! local ones, and a reply that disagrees with the pure function is
 //! reported as a bad reply rather than trusted.
@@ -139,57 +141,66 @@ impl GcraScript {
         &self.gcra
     }
 
-    /// One call: take `n` tokens (or `want`, if available) from `key`, at
-    /// `now_micros` or, when `None`, at the server's `TIME`.
-    pub(crate) fn invocation(
+    /// One call deciding `requests` (Redis key, cost `n`, tokens `want`
+    /// to take if available) in order, at `now_micros` or, when `None`, at
+    /// the server's `TIME`. On a Cluster every key must hash to one slot.
+    pub(crate) fn invocation<'k>(
         &self,
-        key: &[u8],
-        n: u64,
-        want: u64,
+        requests: impl IntoIterator<Item = (&'k [u8], u64, u64)>,
         now_micros: Option<u64>,
     ) -> ScriptInvocation<'_> {
-        let mut call = self.script.key(key);
-        call.arg(self.interval_micros)
-            .arg(self.tolerance_micros)
-            .arg(n)
-            .arg(want.max(n));
+        let mut call = self.script.prepare_invoke();
+        call.arg(self.interval_micros).arg(self.tolerance_micros);
         match now_micros {
             Some(now) => call.arg(now),
             None => call.arg(""),
         };
+        for (key, n, want) in requests {
+            call.key(key).arg(n).arg(want.max(n));
+        }
         call
     }
 
-    /// Checks a reply against the pure GCRA and turns it into a decision
-    /// for a request of cost `n`.
-    pub(crate) fn decode(&self, reply: &[i64], n: u64) -> Result<Reply, CallError> {
+    /// Checks a reply to a call of `costs.len()` requests against the pure
+    /// GCRA and turns it into one [`Reply`] per request, in order.
+    pub(crate) fn decode(&self, reply: &[i64], costs: &[u64]) -> Result<Vec<Reply>, CallError> {
         let bad = |why: &str| CallError::BadReply(format!("{why}: {reply:?}"));
-        let [granted, tat, now] = reply else {
-            return Err(bad("expected {granted, tat, now}"));
+        let Some((&now, pairs)) = reply.split_first() else {
+            return Err(bad("expected {now, granted, tat, ...}"));
         };
+        if pairs.len() != 2 * costs.len() {
+            return Err(bad("expected {now, granted, tat, ...}"));
+        }
         let as_micros = |v: i64| {
             u64::try_from(v)
                 .ok()
                 .filter(|&v| v < 1 << 53)
                 .ok_or_else(|| bad("a value outside 0..2^53"))
         };
-        let (granted, tat, now) = (as_micros(*granted)?, as_micros(*tat)?, as_micros(*now)?);
+        let now = as_micros(now)?;
         if now >= MAX_NOW_MICROS {
             return Err(bad("the server's clock is past 2^52 us"));
         }
-        let (tat_ns, now_ns) = (tat * NANOS_PER_MICRO, now * NANOS_PER_MICRO);
-        let cost = if granted == 0 { n } else { granted };
-        if granted != 0 && (granted < n || granted > self.burst) {
-            return Err(bad("granted tokens outside n..=burst"));
-        }
-        let step = self.gcra.decide(tat_ns, now_ns, cost);
-        if step.decision.is_allowed() != (granted != 0) {
-            return Err(bad("the script and the pure GCRA disagree"));
-        }
-        Ok(Reply {
-            granted,
-            decision: step.decision,
-        })
+        let now_ns = now * NANOS_PER_MICRO;
+        pairs
+            .chunks_exact(2)
+            .zip(costs)
+            .map(|(pair, &n)| {
+                let (granted, tat) = (as_micros(pair[0])?, as_micros(pair[1])?);
+                let cost = if granted == 0 { n } else { granted };
+                if granted != 0 && (granted < n || granted > self.burst) {
+                    return Err(bad("granted tokens outside n..=burst"));
+                }
+                let step = self.gcra.decide(tat * NANOS_PER_MICRO, now_ns, cost);
+                if step.decision.is_allowed() != (granted != 0) {
+                    return Err(bad("the script and the pure GCRA disagree"));
+                }
+                Ok(Reply {
+                    granted,
+                    decision: step.decision,
+                })
+            })
+            .collect()
     }
 }
 
@@ -226,23 +237,29 @@ mod tests {
     fn replies_are_checked_against_the_pure_gcra() {
         let s = GcraScript::new(&"2/s burst 5".parse().unwrap()).unwrap();
         let now = 1_700_000_000_000_000;
-        let reply = s.decode(&[1, 0, now], 1).unwrap();
+        let one = |reply: &[i64]| s.decode(reply, &[1]).map(|r| r[0]);
+        let reply = one(&[now, 1, 0]).unwrap();
         assert_eq!((reply.granted, reply.decision.remaining()), (1, 4));
         // A full bucket denies: the script saying "allowed" is a bad reply.
         let full = now + 2_500_000;
-        assert!(s.decode(&[0, full, now], 1).unwrap().decision.is_denied());
-        assert!(matches!(
-            s.decode(&[1, full, now], 1),
-            Err(CallError::BadReply(_))
-        ));
-        assert!(matches!(s.decode(&[1, 0], 1), Err(CallError::BadReply(_))));
-        assert!(matches!(
-            s.decode(&[-1, 0, now], 1),
-            Err(CallError::BadReply(_))
-        ));
-        assert!(matches!(
-            s.decode(&[9, 0, now], 1),
-            Err(CallError::BadReply(_))
-        ));
+        assert!(one(&[now, 0, full]).unwrap().decision.is_denied());
+        assert!(matches!(one(&[now, 1, full]), Err(CallError::BadReply(_))));
+        assert!(matches!(one(&[now, 1]), Err(CallError::BadReply(_))));
+        assert!(matches!(one(&[now, -1, 0]), Err(CallError::BadReply(_))));
+        assert!(matches!(one(&[now, 9, 0]), Err(CallError::BadReply(_))));
+        assert!(matches!(s.decode(&[], &[]), Err(CallError::BadReply(_))));
+    }
+
+    #[test]
+    fn a_reply_of_several_requests_is_checked_request_by_request() {
+        let s = GcraScript::new(&"2/s burst 5".parse().unwrap()).unwrap();
+        let now = 1_700_000_000_000_000;
+        // The same key twice, cost 2 then 3: the second sees the first's TAT.
+        let replies = s.decode(&[now, 2, 0, 3, now + 1_000_000], &[2, 3]).unwrap();
+        let left: Vec<u64> = replies.iter().map(|r| r.decision.remaining()).collect();
+        assert_eq!(left, [3, 0]);
+        // One pair too few, or a second request the pure GCRA denies.
+        assert!(s.decode(&[now, 2, 0], &[2, 3]).is_err());
+        assert!(s.decode(&[now, 2, 0, 4, now + 1_000_000], &[2, 4]).is_err());
     }
 }
