@@ -198,7 +198,7 @@ fn update_races_growth() {
 /// meets the tombstone on memory that is still valid, and the key's next
 /// decision accounts for it.
 #[test]
-fn reader_holds_node_through_reclamation() {
+fn reader_holds_slot_through_retirement() {
     static REACHED: AtomicBool = AtomicBool::new(false);
     // The race: the reader (this thread) is stopped between its lookup and
     // its update while the other thread's eviction and migration run.

@@ -1027,12 +1027,26 @@ impl<K: Hash + Eq> RawMap<K> {
         let want = sample.max(2);
         let mut best: Option<(&Slot<K>, u64)> = None;
         let mut seen = 0;
-        let mut table = self.root.load(Ordering::Acquire, guard);
-        while !table.is_null() && seen < want {
+        let root = self.root.load(Ordering::Acquire, guard);
+        // SAFETY: as in `find`.
+        let next = unsafe { root.deref() }.next.load(Ordering::Acquire, guard);
+        // During a migration the successor first: it holds every bucket
+        // copied so far and every key inserted since, while the root's
+        // frozen buckets can no longer be claimed.
+        for table in [next, root] {
+            if table.is_null() || seen >= want {
+                continue;
+            }
             // SAFETY: as in `find`.
             let t = unsafe { table.deref() };
             let start = hash as usize;
-            for offset in 0..t.capacity() {
+            // Bounded: at `max_keys` a table has at most about six slots per
+            // live key (`capacity_for`; an oversized one is compacted by
+            // the next housekeeping step), so 64 slots per wanted candidate
+            // find them, and a root mostly frozen by its migration is not
+            // scanned whole.
+            let budget = t.capacity().min(want.saturating_mul(64));
+            for offset in 0..budget {
                 let slot = &t.slots[(start + offset) & t.mask];
                 let (Seen::Live(state), false) = Seen::of(slot.cell.word()) else {
                     continue;
@@ -1045,7 +1059,6 @@ impl<K: Hash + Eq> RawMap<K> {
                     break;
                 }
             }
-            table = t.next.load(Ordering::Acquire, guard);
         }
         // Lost to an update or another evictor: the caller samples again.
         best.is_some_and(|(slot, state)| slot.cell.try_claim(|now| now == state))
