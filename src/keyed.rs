@@ -405,12 +405,12 @@ where
         const ATTEMPTS: usize = 16;
         #[cfg(turnstile_loom)]
         let _admitting = crate::probe::Admitting::enter();
-        for _ in 0..ATTEMPTS {
+        for attempt in 0..ATTEMPTS {
             // Room for the key: a free place under `max_keys`, or the place
             // of the one bucket evicted for it, which no one else can take.
             let room = map.try_reserve(self.max_keys)
                 || (self.overflow == OverflowPolicy::EvictFullest
-                    && map.evict_one_near(hash, OVERFLOW_SAMPLE)
+                    && map.evict_one_near(hash, OVERFLOW_SAMPLE, attempt)
                     && {
                         self.counters.add(Event::OverflowEviction, 1);
                         true

@@ -189,8 +189,8 @@ impl<K: Hash + Eq> Pinned<'_, K> {
 
     /// Tombstones the least-informative live key near `hash`; on success the
     /// caller holds its place as a reservation.
-    pub(crate) fn evict_one_near(&self, hash: u64, sample: usize) -> bool {
-        self.raw.evict_one_near(hash, sample, &self.guard)
+    pub(crate) fn evict_one_near(&self, hash: u64, sample: usize, attempt: usize) -> bool {
+        self.raw.evict_one_near(hash, sample, attempt, &self.guard)
     }
 
     /// One step of housekeeping: help a migration along, or sweep `budget`
@@ -312,7 +312,7 @@ mod tests {
         for _ in 0..3 {
             let _ = a.cell.update(&gcra, 0, 1);
         }
-        assert!(pinned.evict_one_near(map.hash("a"), 8));
+        assert!(pinned.evict_one_near(map.hash("a"), 8, 0));
         assert!(
             pinned.find(map.hash("b"), "b").is_none(),
             "b had the smaller TAT"

@@ -137,6 +137,16 @@ pub(crate) const MIN_CAPACITY: usize = 2;
 /// the models' small tables have several chunks to hand out and race over.
 pub const MIGRATION_CHUNK: usize = if cfg!(turnstile_loom) { 1 } else { 64 };
 
+/// Slots per 64-byte cache line (at least one).
+const fn slots_per_line<K>() -> usize {
+    let size = std::mem::size_of::<Slot<K>>();
+    if size >= 64 {
+        1
+    } else {
+        64 / size
+    }
+}
+
 /// The bit of `occupied` that closes a table to inserts (see `close`).
 const CLOSED: usize = 1 << (usize::BITS - 1);
 
@@ -1012,27 +1022,42 @@ impl<K: Hash + Eq> RawMap<K> {
 
     /// Tombstones the live bucket with the smallest state (for GCRA, the
     /// bucket closest to full) among the first `sample` live buckets found
-    /// from `hash` on, in the root and, during a migration, its successor
-    /// (keys inserted since the migration began are only there). At least
-    /// two candidates are compared whenever the map holds two, so a busy
-    /// key is never chosen merely for being alone in its neighbourhood.
-    /// States are read in place: no key is touched.
+    /// from `hash` on, in the successor during a migration (every bucket
+    /// copied so far and every key inserted since is there) and in the
+    /// root (whose frozen buckets can no longer be claimed). At least two
+    /// candidates are compared whenever the map holds two, so a busy key is
+    /// never chosen merely for being alone in its neighbourhood. States are
+    /// read in place: no key is touched.
+    ///
+    /// The scan of each table is a window of `4 * sample` slots from the
+    /// key's home, doubled on each `attempt` of the caller's: at `max_keys`
+    /// a table has at most about six slots per live key (`capacity_for`),
+    /// so a few cache lines hold the sample, and the new key's own probe
+    /// then starts on lines this scan brought in. A table smaller than the
+    /// window is scanned whole.
     ///
     /// On success the evicted key's place in `len` passes to the caller,
     /// who holds it as a reservation: `len` does not change, and no other
     /// thread can take the room this call made. Returns false if nothing
     /// was evicted (no live bucket found, or the chosen one was updated,
     /// evicted or frozen by someone else first).
-    pub(crate) fn evict_one_near(&self, hash: u64, sample: usize, guard: &Guard) -> bool {
+    pub(crate) fn evict_one_near(
+        &self,
+        hash: u64,
+        sample: usize,
+        attempt: usize,
+        guard: &Guard,
+    ) -> bool {
         let want = sample.max(2);
+        let window = want
+            .saturating_mul(4)
+            .checked_shl(attempt.min(32) as u32)
+            .unwrap_or(usize::MAX);
         let mut best: Option<(&Slot<K>, u64)> = None;
         let mut seen = 0;
         let root = self.root.load(Ordering::Acquire, guard);
         // SAFETY: as in `find`.
         let next = unsafe { root.deref() }.next.load(Ordering::Acquire, guard);
-        // During a migration the successor first: it holds every bucket
-        // copied so far and every key inserted since, while the root's
-        // frozen buckets can no longer be claimed.
         for table in [next, root] {
             if table.is_null() || seen >= want {
                 continue;
@@ -1040,13 +1065,13 @@ impl<K: Hash + Eq> RawMap<K> {
             // SAFETY: as in `find`.
             let t = unsafe { table.deref() };
             let start = hash as usize;
-            // Bounded: at `max_keys` a table has at most about six slots per
-            // live key (`capacity_for`; an oversized one is compacted by
-            // the next housekeeping step), so 64 slots per wanted candidate
-            // find them, and a root mostly frozen by its migration is not
-            // scanned whole.
-            let budget = t.capacity().min(want.saturating_mul(64));
-            for offset in 0..budget {
+            let scan = t.capacity().min(window);
+            // The window's lines are independent loads: ask for them all
+            // at once, so their misses overlap instead of queueing.
+            for offset in (0..scan).step_by(slots_per_line::<K>()) {
+                prefetch(std::ptr::from_ref(&t.slots[(start + offset) & t.mask]).cast());
+            }
+            for offset in 0..scan {
                 let slot = &t.slots[(start + offset) & t.mask];
                 let (Seen::Live(state), false) = Seen::of(slot.cell.word()) else {
                     continue;
