@@ -38,10 +38,13 @@
 //!
 //! # Memory given back
 //!
-//! Evicted nodes and retired tables are handed to the epoch collector by the
-//! migration chunk that retires them, not at the next housekeeping tick, so
-//! they are freed within a bounded number of checks even on a clock that
-//! never moves. Dropping a limiter frees everything it holds: at once if
+//! Buckets and keys live inline in the table: an eviction frees nothing by
+//! itself, it marks the slot dead, and the next migration leaves dead slots
+//! behind. A retired table (with the keys of its dead slots) is handed to
+//! the epoch collector by the migration chunk that retires it, not at the
+//! next housekeeping tick, so it is freed within a bounded number of checks
+//! even on a clock that never moves. Dropping a limiter frees everything it
+//! holds: at once if
 //! only the dropping thread used it; otherwise once each other thread that
 //! used it has made one check on any turnstile limiter, or has exited
 //! (each thread caches its registration with the limiter's collector, and
@@ -49,13 +52,22 @@
 //!
 //! # Progress
 //!
-//! Lookups and updates of existing keys are lock-free and allocate nothing:
-//! a CAS on a cell fails only because another update or an eviction
-//! succeeded. Inserts are lock-free, with the waits below; every other
-//! loop in the map is bounded (a probe visits each slot of a table at most
-//! once, a slot changes state at most three times, a migration's successor
-//! always has a free slot for each node it receives: see `map::raw`).
+//! Lookups and updates of existing keys take no lock and allocate nothing:
+//! a CAS on a cell fails only because another update, an eviction or a
+//! migration's freeze succeeded, and a check that meets its bucket frozen
+//! copies it on itself if the migration has not yet. Every loop in the map
+//! is bounded (a probe visits each slot of a table at most once, a slot
+//! changes state a handful of times, a migration's successor always has a
+//! free slot for each bucket it receives: see `map::raw`), except the
+//! waits below.
 //!
+//! - An insert claims its slot before it moves its key in, then publishes
+//!   it: two steps with no allocation, no lock and no code of the key's in
+//!   between. An insert, a copy or a migration that meets a slot in that
+//!   state waits for those two steps (the slot may hold its own key); a
+//!   lookup passes over it. So a thread the OS deschedules between them
+//!   holds up only the inserts and copies whose probe crosses that one
+//!   slot, until it runs again.
 //! - An insert that finds the new table of a migration already half full,
 //!   while the old table's last chunks are claimed by a thread that the OS
 //!   has descheduled, yields until that thread finishes its chunk (at most
@@ -74,7 +86,7 @@
 //! a slice of keys in one call: one clock read and one pin for the batch,
 //! every key hashed and its home slot prefetched (32 keys at a time), then
 //! each key decided in slice order through the same code as a single check
-//! while the node of the key [`PREFETCH_DISTANCE`] places ahead is
+//! while the home slot of the key [`PREFETCH_DISTANCE`] places ahead is
 //! prefetched, so the keys' cache misses overlap. Prefetches are
 //! hints and change no state: the decisions are exactly those of checking
 //! the keys one by one in order at the batch's reading (repeats charged in
@@ -92,7 +104,7 @@
 //! A check reads the clock before it looks its key up; another thread with
 //! a later reading may evict the key as idle in between (its bucket was
 //! full at that reading). A check that then starts a fresh bucket reads the
-//! clock again right before it publishes the new node, after the probe
+//! clock again right before it publishes the new bucket, after the probe
 //! that found the key absent, and decides at the later of its two
 //! readings; if the key's chain changes in between, the publication fails
 //! and the next attempt reads again. So the fresh bucket never starts
@@ -131,12 +143,13 @@ pub const SWEEP_SLOTS: usize = 256;
 /// Live keys compared to choose a victim when the limiter is full.
 pub const OVERFLOW_SAMPLE: usize = 8;
 pub use crate::map::MIGRATION_CHUNK;
-/// The default bound on live keys: about 40 MB with `u64` keys once the
-/// epoch has freed the old tables (40.8 bytes per key, `benches/memory.rs`).
+/// The default bound on live keys. What it costs in memory (a table of up
+/// to four slots per key, each a key beside its 8-byte cell) is measured
+/// in `BENCHMARKS.md`.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
-/// A key's place under `max_keys`, held while its node is inserted; given
-/// back when dropped (the node was not inserted, or a panic unwound).
+/// A key's place under `max_keys`, held while its bucket is inserted; given
+/// back when dropped (the bucket was not inserted, or a panic unwound).
 struct Reservation<'p, 'm, K>(&'p Pinned<'m, K>);
 
 impl<K> Drop for Reservation<'_, '_, K> {
@@ -167,10 +180,11 @@ pub enum OverflowPolicy {
     /// back, starts with a full bucket: the one place where turnstile trades
     /// exactness for bounded memory.
     ///
-    /// Forgotten buckets are freed through the epoch, so a flood also holds
-    /// the garbage no thread may free yet: little while every thread runs,
-    /// more when threads outnumber cores and one is descheduled in the
-    /// middle of a check, which holds the epoch back until it runs again.
+    /// A forgotten bucket's slot is reclaimed by the next migration, and the
+    /// retired table is freed through the epoch, so a flood also holds the
+    /// tables no thread may free yet: little while every thread runs, more
+    /// when threads outnumber cores and one is descheduled in the middle of
+    /// a check, which holds the epoch back until it runs again.
     #[default]
     EvictFullest,
     /// Deny new keys until room is made (fail closed).
@@ -376,7 +390,7 @@ where
     /// this request already decided on its fresh bucket.
     ///
     /// The fresh bucket is decided at a clock reading taken right before
-    /// the node is published, after the probe that found the key absent:
+    /// the bucket is published, after the probe that found the key absent:
     /// `now` was read before the lookup, and the key may have been evicted
     /// since by a thread with a later reading (its bucket was full at that
     /// reading). Deciding at the older `now` would start the fresh bucket in
@@ -816,7 +830,7 @@ mod tests {
         const THREADS: usize = 4;
         const KEYS: u64 = 2_000;
         const BURST: u64 = 50;
-        let retries = || crate::cell::CAS_RETRIES.load(std::sync::atomic::Ordering::Relaxed);
+        let retries = crate::cell::cas_retries;
         let before = retries();
         // Collisions need two threads on one cell at once, which the OS
         // scheduler decides; rounds repeat (each one exact) until one raced.

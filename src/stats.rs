@@ -91,7 +91,7 @@ impl Stats {
 pub(crate) fn cas_retries() -> u64 {
     #[cfg(not(turnstile_loom))]
     {
-        crate::cell::CAS_RETRIES.load(std::sync::atomic::Ordering::Relaxed)
+        crate::cell::cas_retries()
     }
     #[cfg(turnstile_loom)]
     {
