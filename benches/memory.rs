@@ -24,6 +24,11 @@
 //!    bound is reached). turnstile with `max_keys(100_000)`; governor has no
 //!    bound (its `retain_recent` is not called, as nothing in governor calls
 //!    it by itself), so its figure is that of holding all 10,000,000 keys.
+//! 3. **The curve**: bytes per key as in 1, for `u64` keys, at key counts
+//!    from 100,000 to 2,000,000, turnstile (with `max_keys` above the
+//!    count) beside governor: a power-of-two table (either map's) is
+//!    between a quarter and a half full depending on where the count falls,
+//!    so one point alone says little.
 
 use std::fmt::Write as _;
 use std::num::NonZeroU32;
@@ -52,27 +57,39 @@ fn per_key<L>(
     check: impl Fn(&L, u64) -> bool,
     slots: impl Fn(&L) -> Option<usize>,
 ) -> String {
-    let baseline = live();
-    let limiter = make();
-    let mut rng = SplitMix(1);
-    let start = Instant::now();
-    for _ in 0..KEYS {
-        assert!(check(&limiter, rng.next()), "{name}: a check was denied");
-    }
-    let elapsed = start.elapsed();
-    let bytes = live() - baseline;
-    let slots = slots(&limiter).map_or_else(
+    let (bytes, elapsed, slots) = bytes_for(KEYS, make, check, slots);
+    let slots = slots.map_or_else(
         || "-".to_owned(),
         |n| format!("{n} ({:.2} full)", KEYS as f64 / n as f64),
     );
-    let row = format!(
+    format!(
         "| {name} | {:.1} | {:.1} | {:.0} | {slots} |",
         bytes as f64 / KEYS as f64,
         mib(bytes),
         elapsed.as_nanos() as f64 / KEYS as f64,
-    );
+    )
+}
+
+/// Live bytes held after `keys` checks of distinct keys, the time they
+/// took, and the table size where the limiter can say.
+fn bytes_for<L>(
+    keys: usize,
+    make: impl FnOnce() -> L,
+    check: impl Fn(&L, u64) -> bool,
+    slots: impl Fn(&L) -> Option<usize>,
+) -> (usize, Duration, Option<usize>) {
+    let baseline = live();
+    let limiter = make();
+    let mut rng = SplitMix(1);
+    let start = Instant::now();
+    for _ in 0..keys {
+        assert!(check(&limiter, rng.next()), "{name}: a check was denied");
+    }
+    let elapsed = start.elapsed();
+    let bytes = live() - baseline;
+    let slots = slots(&limiter);
     drop(limiter);
-    row
+    (bytes, elapsed, slots)
 }
 
 /// Peak live bytes above the baseline while `FLOOD` random keys go through
@@ -211,4 +228,30 @@ fn main() {
         mib(governor.1),
         governor.2.as_secs_f64()
     );
+
+    println!("\n## Bytes per `u64` key from 100,000 to 2,000,000 keys\n");
+    println!("| keys | turnstile | turnstile slots | governor (DashMap, std hasher) |");
+    println!("| ---: | ---: | ---: | ---: |");
+    for keys in [
+        100_000, 200_000, 300_000, 500_000, 700_000, 1_000_000, 1_500_000, 2_000_000,
+    ] {
+        let (ours, _, slots) = bytes_for(
+            keys,
+            || KeyedLimiter::<u64>::builder(hour).max_keys(keys).build(),
+            |l, k| l.check(&k).is_allowed(),
+            |l| Some(l.capacity()),
+        );
+        let (theirs, _, _) = bytes_for(
+            keys,
+            || governor::RateLimiter::<u64, _, _>::keyed(governor_hour),
+            |l, k| l.check_key(&k).is_ok(),
+            |_| None,
+        );
+        println!(
+            "| {keys} | {:.1} | {} | {:.1} |",
+            ours as f64 / keys as f64,
+            slots.unwrap_or(0),
+            theirs as f64 / keys as f64
+        );
+    }
 }

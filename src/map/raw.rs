@@ -673,10 +673,15 @@ impl<K: Hash + Eq> RawMap<K> {
             // Copied (or buried) by someone else since the caller looked.
             return;
         };
-        // SAFETY: a slot is frozen only after its table's successor is
-        // installed (`migrate_chunk` is handed it), and `next` is never
-        // reset; the successor is retired only through the epoch.
-        let next = unsafe { table.next.load(Ordering::Acquire, guard).deref() };
+        // A live slot is frozen only by a migration's chunk, after the
+        // successor is installed, and `next` is never reset.
+        let next = table.next.load(Ordering::Acquire, guard);
+        debug_assert!(!next.is_null(), "a frozen bucket in a table with no successor");
+        // SAFETY: checked non-null; the successor is retired only through
+        // the epoch, which `guard` holds off.
+        let Some(next) = (unsafe { next.as_ref() }) else {
+            return;
+        };
         // SAFETY: the slot's word is live: its key is published, and
         // `guard` keeps both tables alive.
         match unsafe { next.place_copy(slot, state, hash) } {
