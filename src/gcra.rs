@@ -65,6 +65,14 @@ impl Gcra {
 }
 
 impl Gcra {
+    /// The first theoretical arrival time a bucket cannot store: `2^63 - 4`
+    /// nanoseconds, 292 years after its clock's origin (the keyed map keeps
+    /// the words above it for itself). A check whose new TAT would reach it
+    /// is denied with a wait of `u64::MAX` ns: the end of the clock.
+    pub const TAT_END: u64 = STATE_END;
+}
+
+impl Gcra {
     /// The state after giving back `cost` tokens at `now` to a bucket whose
     /// theoretical arrival time is `tat`, or `None` when there is nothing to
     /// give back (the bucket is full: `tat <= now`).

@@ -19,7 +19,7 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{FileFailurePersistence, TestRunner};
 use turnstile::reference::SeedTokenBucket;
-use turnstile::{CostError, Decision, DirectLimiter, Gcra, ManualClock, Quota, Step, TOMBSTONE};
+use turnstile::{CostError, Decision, DirectLimiter, Gcra, ManualClock, Quota, Step};
 
 /// 2,000 cases a property; failures are kept in `proptest-regressions/`
 /// (committed) and re-run first.
@@ -145,7 +145,7 @@ fn tat(t: u64) -> impl Strategy<Value = u64> {
         2 => any::<u64>(),
         2 => 0u64..=1_000_000_000_000,
         1 => (0u64..=3, 0u64..=2).prop_map(move |(k, j)| u64::MAX.saturating_sub(k.saturating_mul(t)).saturating_sub(j)),
-        1 => Just(TOMBSTONE - 1),
+        1 => Just(Gcra::TAT_END - 1),
     ]
 }
 
@@ -169,7 +169,7 @@ fn run(g: &Gcra, timeline: &[(u64, u64)]) -> Vec<Step> {
 }
 
 /// The end-of-clock denial: the new TAT cannot be recorded (it would reach
-/// `TOMBSTONE`), which `Gcra` reports as a wait of `u64::MAX` ns.
+/// `Gcra::TAT_END`), which `Gcra` reports as a wait of `u64::MAX` ns.
 fn is_end_of_clock(d: &Decision) -> bool {
     d.retry_after() == Some(Duration::from_nanos(u64::MAX))
 }
@@ -281,7 +281,7 @@ proptest! {
         }
     }
 
-    /// (b) No `u64` panics: any quota, TAT (even `TOMBSTONE`), time and cost.
+    /// (b) No `u64` panics: any quota, TAT (even past `Gcra::TAT_END`), time and cost.
     /// Costs of 0 or above `B` are errors; every answer is well formed.
     #[test]
     fn never_panics_on_any_u64(
@@ -302,7 +302,7 @@ proptest! {
                 prop_assert!(cost >= 1 && cost <= b);
                 prop_assert_eq!(step.next.is_some(), step.decision.is_allowed());
                 if let Some(next) = step.next {
-                    prop_assert!(next != TOMBSTONE);
+                    prop_assert!(next < Gcra::TAT_END);
                     prop_assert!(u128::from(next) >= u128::from(now) + u128::from(cost) * u128::from(q.interval_nanos()));
                 }
                 prop_assert!(step.decision.remaining() <= b);
@@ -392,16 +392,16 @@ proptest! {
     }
 }
 
-/// (d), at the edge: a denial whose new TAT would be exactly `TOMBSTONE`
-/// (`max(TAT, now) + n*T == u64::MAX`) can never be recorded, so no wait
+/// (d), at the edge: a denial whose new TAT would be exactly `Gcra::TAT_END`
+/// (`max(TAT, now) + n*T == TAT_END`) can never be recorded, so no wait
 /// helps: it reports the end of the clock (`u64::MAX` ns) rather than a
 /// finite wait that would be denied again. Found by proptest (the
 /// regression is committed in `proptest-regressions/`).
 #[test]
-fn retry_after_that_would_land_on_tombstone() -> Result<(), Box<dyn std::error::Error>> {
+fn retry_after_that_would_land_on_the_end_of_time() -> Result<(), Box<dyn std::error::Error>> {
     let g = Gcra::new(&Quota::per_second(1)?.burst(2)?);
     let t = 1_000_000_000;
-    let tat = TOMBSTONE - t;
+    let tat = Gcra::TAT_END - t;
     let now = tat - 2 * t - 1;
     let d = g.check(tat, now, 1)?.decision;
     assert!(d.is_denied());

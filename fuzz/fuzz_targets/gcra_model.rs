@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use turnstile::{CostError, Gcra, Quota, TOMBSTONE};
+use turnstile::{CostError, Gcra, Quota};
 
 #[path = "common.rs"]
 mod common;
@@ -46,8 +46,8 @@ fn model(t: u64, burst: u64, tat: u64, now: u64, cost: u64) -> Result<Expected, 
     );
     let base = u128::from(tat).max(now);
     let next = base + u128::from(cost) * t;
-    // The largest storable TAT is one below the reserved tombstone.
-    let storable = next < u128::from(TOMBSTONE);
+    // The largest storable TAT is one below `Gcra::TAT_END`.
+    let storable = next < u128::from(Gcra::TAT_END);
     let narrow = |x: u128| u64::try_from(x).unwrap_or(u64::MAX);
     if next - now <= tau && storable {
         Ok(Expected {
@@ -81,7 +81,7 @@ fuzz_target!(|input: Input| {
     };
     let gcra = Gcra::new(&quota);
     let (t, burst) = (quota.interval_nanos(), quota.burst_size());
-    let mut tat = input.tat.min(TOMBSTONE - 1);
+    let mut tat = input.tat.min(Gcra::TAT_END - 1);
     for &(now, cost) in &input.ops {
         let expected = model(t, burst, tat, now, cost);
         let actual = gcra.check(tat, now, cost).map(|step| {
