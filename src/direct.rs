@@ -149,7 +149,9 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
     fn peek_as(&self, cost: u64) -> Decision {
         let now = self.clock.now();
         // A direct cell is never claimed or frozen: `state` is always `Ok`.
-        self.algorithm.decide(self.cell.state().unwrap_or(0), now, cost).decision
+        self.algorithm
+            .decide(self.cell.state().unwrap_or(0), now, cost)
+            .decision
     }
 }
 

@@ -16,8 +16,8 @@
 use std::num::NonZeroU64;
 
 use crate::algorithm::{sealed, Algorithm, Step};
-use crate::cell::STATE_END;
 use crate::cell::Charge;
+use crate::cell::STATE_END;
 use crate::error::CostError;
 use crate::{Decision, Quota};
 

@@ -12,8 +12,8 @@
 //!   evictor claims the cell with a CAS to the tombstone; an update that
 //!   meets the tombstone goes back to the map and starts a fresh bucket,
 //!   so no update is ever applied to a cell being removed.
-//! - **Every [`TICK`] of clock time**, the first `check` that notices it
-//!   sweeps [`SWEEP_SLOTS`] slots of the table for idle keys (or, while the
+//! - **Every millisecond of clock time**, the first `check` that notices it
+//!   sweeps 256 slots of the table for idle keys (or, while the
 //!   table is being resized, copies that many slots instead). Every other
 //!   `check` pays one relaxed load of the next tick's time, and the step
 //!   ends by handing the thread's garbage to the epoch collector. After a
@@ -27,11 +27,11 @@
 //!   headroom, rounded up to a power of two), so memory follows the live
 //!   keys down as well as up. Inserts trigger the same migration when the table is half
 //!   full, and each insert that meets a migration copies
-//!   [`MIGRATION_CHUNK`] slots of it.
+//!   64 slots of it.
 //! - **On demand**, [`KeyedLimiter::evict_idle`] sweeps everything at once.
 //! - **At `max_keys`**, a new key is admitted according to the
 //!   [`OverflowPolicy`]; the default evicts (one bucket per new key), among the first
-//!   [`OVERFLOW_SAMPLE`] live keys found near the new key's slot (never
+//!   8 live keys found near the new key's slot (never
 //!   fewer than two when the table holds two), the bucket closest to full:
 //!   it carries the least information, and under a flood of random keys it
 //!   is one of the flood's own single-request keys, not a busy user's.
@@ -71,7 +71,7 @@
 //! - An insert that finds the new table of a migration already half full,
 //!   while the old table's last chunks are claimed by a thread that the OS
 //!   has descheduled, yields until that thread finishes its chunk (at most
-//!   [`MIGRATION_CHUNK`] slots). [`KeyedLimiter::evict_idle`] likewise waits
+//!   64 slots). [`KeyedLimiter::evict_idle`] likewise waits
 //!   for claimed chunks.
 //! - At `max_keys` under [`OverflowPolicy::EvictFullest`], a new key takes
 //!   over the place of the one bucket it evicts (no other thread can take
@@ -136,13 +136,12 @@ use crate::sync::{AtomicU64, Ordering};
 use crate::{Decision, Gcra, Quota};
 
 /// Clock time between two housekeeping steps.
-pub const TICK: u64 = 1_000_000;
+pub(crate) const TICK: u64 = 1_000_000;
 /// Slots one housekeeping step sweeps (or copies): a few microseconds of
-/// work, taken by one caller once per [`TICK`].
-pub const SWEEP_SLOTS: usize = 256;
+/// work, taken by one caller once per `TICK`.
+pub(crate) const SWEEP_SLOTS: usize = 256;
 /// Live keys compared to choose a victim when the limiter is full.
-pub const OVERFLOW_SAMPLE: usize = 8;
-pub use crate::map::MIGRATION_CHUNK;
+pub(crate) const OVERFLOW_SAMPLE: usize = 8;
 /// The default bound on live keys. What it costs in memory (a table of up
 /// to four slots per key, each a key beside its 8-byte cell) is measured
 /// in `BENCHMARKS.md`.
@@ -616,9 +615,8 @@ where
     /// same eviction victims and decide alike (the batch model test and
     /// fuzz target compare `check_batch` with one-by-one checks this way).
     /// Never in production: fixed keys let an attacker aim keys at one
-    /// probe chain.
-    #[doc(hidden)]
-    pub fn hasher_seed(mut self, seed: u64) -> Self {
+    /// probe chain. (Reached through `__private::HasherSeed`.)
+    pub(crate) fn with_hasher_seed(mut self, seed: u64) -> Self {
         self.hasher_seed = Some(seed);
         self
     }

@@ -92,7 +92,10 @@ mod sync;
 #[cfg(feature = "tokio")]
 mod wait;
 
-pub use algorithm::{Algorithm, Step};
+#[doc(hidden)]
+pub mod __private;
+
+pub use algorithm::Algorithm;
 pub use clock::{Clock, DefaultClock, ManualClock, MonotonicClock, QuantaClock, RecentClock};
 pub use decision::Decision;
 pub use direct::DirectLimiter;

@@ -166,18 +166,18 @@ impl Quota {
     }
 
     /// `T` in nanoseconds.
-    pub fn interval_nanos(&self) -> u64 {
+    pub(crate) fn interval_nanos(&self) -> u64 {
         self.interval.get()
     }
 
     /// The period in nanoseconds.
-    pub fn period_nanos(&self) -> u64 {
+    pub(crate) fn period_nanos(&self) -> u64 {
         self.period.get()
     }
 
     /// `tau = B * T` in nanoseconds: how far ahead of now the bucket's
     /// theoretical arrival time may run. Always fits (checked at construction).
-    pub fn tolerance_nanos(&self) -> u64 {
+    pub(crate) fn tolerance_nanos(&self) -> u64 {
         self.burst.get() * self.interval.get()
     }
 }

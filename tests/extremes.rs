@@ -58,7 +58,11 @@ fn quotas(n: u64, period: Duration, burst: u64) -> Vec<Quota> {
 
 fn touch_quota(q: &Quota) {
     let _ = (q.count(), q.period(), q.burst_size(), q.emission_interval());
-    let _ = (q.interval_nanos(), q.period_nanos(), q.tolerance_nanos());
+    let _ = (
+        turnstile::__private::interval_nanos(q),
+        turnstile::__private::period_nanos(q),
+        turnstile::__private::tolerance_nanos(q),
+    );
     let _ = q.to_string().parse::<Quota>();
 }
 

@@ -18,8 +18,9 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{FileFailurePersistence, TestRunner};
+use turnstile::algorithms::Step;
 use turnstile::reference::SeedTokenBucket;
-use turnstile::{CostError, Decision, DirectLimiter, Gcra, ManualClock, Quota, Step};
+use turnstile::{CostError, Decision, DirectLimiter, Gcra, ManualClock, Quota};
 
 /// 2,000 cases a property; failures are kept in `proptest-regressions/`
 /// (committed) and re-run first.
@@ -99,7 +100,10 @@ fn start() -> impl Strategy<Value = u64> {
 /// A quota and a non-decreasing timeline of `(time, cost)` on it.
 fn forward_timeline(len: usize) -> impl Strategy<Value = (Quota, Vec<(u64, u64)>)> {
     quota().prop_flat_map(move |q| {
-        let steps = prop::collection::vec(step(q.interval_nanos(), q.burst_size()), 1..=len);
+        let steps = prop::collection::vec(
+            step(turnstile::__private::interval_nanos(&q), q.burst_size()),
+            1..=len,
+        );
         (Just(q), start(), steps).prop_map(|(q, start, steps)| {
             let mut now = start;
             let timeline = steps
@@ -117,7 +121,7 @@ fn forward_timeline(len: usize) -> impl Strategy<Value = (Quota, Vec<(u64, u64)>
 /// A quota and a timeline whose clock may also step back, by any amount.
 fn wild_timeline(len: usize) -> impl Strategy<Value = (Quota, Vec<(u64, u64)>)> {
     quota().prop_flat_map(move |q| {
-        let t = q.interval_nanos();
+        let t = turnstile::__private::interval_nanos(&q);
         let moves = prop::collection::vec(
             (
                 step(t, q.burst_size()),
@@ -187,7 +191,10 @@ fn assert_rate_bound(
     clock: &[u64],
     steps: &[Step],
 ) -> Result<(), TestCaseError> {
-    let (b, t) = (u128::from(q.burst_size()), u128::from(q.interval_nanos()));
+    let (b, t) = (
+        u128::from(q.burst_size()),
+        u128::from(turnstile::__private::interval_nanos(q)),
+    );
     let stop = steps
         .iter()
         .position(|s| is_end_of_clock(&s.decision))
@@ -262,7 +269,7 @@ proptest! {
     #[test]
     fn a_backwards_reading_never_turns_a_denial_into_an_allow(
         (q, tat, m, back, cost) in quota().prop_flat_map(|q| {
-            let t = q.interval_nanos();
+            let t = turnstile::__private::interval_nanos(&q);
             (Just(q), tat(t), any::<u64>(), any::<u64>(), 1..=q.burst_size())
         })
     ) {
@@ -303,7 +310,7 @@ proptest! {
                 prop_assert_eq!(step.next.is_some(), step.decision.is_allowed());
                 if let Some(next) = step.next {
                     prop_assert!(next < Gcra::TAT_END);
-                    prop_assert!(u128::from(next) >= u128::from(now) + u128::from(cost) * u128::from(q.interval_nanos()));
+                    prop_assert!(u128::from(next) >= u128::from(now) + u128::from(cost) * u128::from(turnstile::__private::interval_nanos(&q)));
                 }
                 prop_assert!(step.decision.remaining() <= b);
             }
@@ -334,18 +341,18 @@ proptest! {
     #[test]
     fn decision_invariants(
         (q, tat, now, cost) in quota().prop_flat_map(|q| {
-            let t = q.interval_nanos();
+            let t = turnstile::__private::interval_nanos(&q);
             (Just(q), tat(t), prop_oneof![any::<u64>(), 0u64..=1_000_000_000_000, tat(t)], 1..=q.burst_size())
         })
     ) {
         let g = Gcra::new(&q);
-        let (b, t) = (q.burst_size(), q.interval_nanos());
+        let (b, t) = (q.burst_size(), turnstile::__private::interval_nanos(&q));
         let d = g.check(tat, now, cost).unwrap().decision;
         prop_assert!(d.remaining() <= b);
         prop_assert_eq!(d.limit(), b);
         if d.is_allowed() {
             prop_assert_eq!(d.retry_after(), None);
-            prop_assert!(nanos(d.reset_after()) <= q.tolerance_nanos());
+            prop_assert!(nanos(d.reset_after()) <= turnstile::__private::tolerance_nanos(&q));
             prop_assert!(u128::from(nanos(d.reset_after())) >= u128::from(cost) * u128::from(t));
             if tat <= now {
                 prop_assert_eq!(d.remaining(), b - cost, "full bucket");
@@ -498,7 +505,11 @@ struct Comparison {
 /// disagreement.
 fn compare(q: &Quota, rate: f64, timeline: &[(u64, u64)]) -> Comparison {
     let g = Gcra::new(q);
-    let (b, t, tau) = (q.burst_size(), q.interval_nanos(), q.tolerance_nanos());
+    let (b, t, tau) = (
+        q.burst_size(),
+        turnstile::__private::interval_nanos(q),
+        turnstile::__private::tolerance_nanos(q),
+    );
     let mut f64_bucket = F64Bucket {
         capacity: b as f64,
         rate,
@@ -564,7 +575,7 @@ proptest! {
     #[test]
     fn f64_token_bucket_agrees_away_from_the_boundary(
         ((q, rate), (start, timeline)) in exact_quota().prop_flat_map(|(q, rate)| {
-            (Just((q, rate)), f64_timeline(q.interval_nanos(), q.burst_size(), 32))
+            (Just((q, rate)), f64_timeline(turnstile::__private::interval_nanos(&q), q.burst_size(), 32))
         })
     ) {
         let _ = start;
@@ -583,7 +594,7 @@ proptest! {
     #[test]
     fn seed_token_bucket_is_the_inline_f64_model(
         ((q, rate), (start, timeline)) in exact_quota().prop_flat_map(|(q, rate)| {
-            (Just((q, rate)), f64_timeline(q.interval_nanos(), q.burst_size(), 32))
+            (Just((q, rate)), f64_timeline(turnstile::__private::interval_nanos(&q), q.burst_size(), 32))
         })
     ) {
         let _ = start;
@@ -623,7 +634,7 @@ fn measure_f64_disagreement() {
                 .prop_flat_map(|(q, rate)| {
                     (
                         Just((q, rate)),
-                        f64_timeline(q.interval_nanos(), q.burst_size(), 32),
+                        f64_timeline(turnstile::__private::interval_nanos(&q), q.burst_size(), 32),
                     )
                 })
                 .boxed(),
@@ -632,7 +643,7 @@ fn measure_f64_disagreement() {
             "arbitrary nanoseconds",
             exact_quota()
                 .prop_flat_map(move |(q, rate)| {
-                    let t = q.interval_nanos();
+                    let t = turnstile::__private::interval_nanos(&q);
                     let b = q.burst_size();
                     let steps =
                         prop::collection::vec((0..=t.saturating_mul(2), 1..=b.min(3)), 1..=32);
@@ -655,7 +666,8 @@ fn measure_f64_disagreement() {
                         .ok()?
                         .burst(burst)
                         .ok()?;
-                    (q.period_nanos() % count == 0).then(|| (q, count as f64 / secs as f64))
+                    turnstile::__private::period_nanos(&q).is_multiple_of(count)
+                        .then(|| (q, count as f64 / secs as f64))
                 })
                 .prop_flat_map(move |(q, rate)| {
                     let b = q.burst_size();

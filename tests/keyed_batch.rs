@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
+use turnstile::__private::HasherSeed as _;
 use turnstile::{BatchError, Decision, KeyedLimiter, ManualClock, OverflowPolicy, Quota};
 
 #[derive(Clone, Debug)]

@@ -7,7 +7,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use turnstile::keyed::TICK;
+use turnstile::__private::TICK;
 use turnstile::{KeyedLimiter, ManualClock, Quota};
 
 #[path = "support/heap.rs"]

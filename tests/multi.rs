@@ -23,8 +23,8 @@ impl Model {
     fn new(q: &Quota) -> Self {
         Model {
             debt: 0,
-            interval: q.interval_nanos() as i128,
-            tolerance: q.tolerance_nanos() as i128,
+            interval: turnstile::__private::interval_nanos(q) as i128,
+            tolerance: turnstile::__private::tolerance_nanos(q) as i128,
         }
     }
     /// (allowed, remaining, retry_after in ns) of a check of `n`.

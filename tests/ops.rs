@@ -74,8 +74,8 @@ impl Model {
     fn new(quota: &Quota) -> Self {
         Model {
             debt: 0,
-            interval: quota.interval_nanos() as i128,
-            tolerance: quota.tolerance_nanos() as i128,
+            interval: turnstile::__private::interval_nanos(quota) as i128,
+            tolerance: turnstile::__private::tolerance_nanos(quota) as i128,
         }
     }
     fn advance(&mut self, by: i128) {
@@ -162,7 +162,7 @@ proptest! {
         let direct = DirectLimiter::with_clock(quota, clock.clone());
         let keyed: KeyedLimiter<u64, ManualClock> = KeyedLimiter::builder(quota).clock(clock.clone()).build();
         let mut model = Model::new(&quota);
-        let (interval, tolerance) = (quota.interval_nanos() as u128, quota.tolerance_nanos() as u128);
+        let (interval, tolerance) = (turnstile::__private::interval_nanos(&quota) as u128, turnstile::__private::tolerance_nanos(&quota) as u128);
         // (instant of the last refund or reset, tokens admitted since)
         let mut since: Option<(u64, u128)> = None;
         for op in &ops {

@@ -84,8 +84,9 @@ use criterion::{BenchmarkGroup, Criterion, Throughput};
 use dashmap::DashMap;
 use governor::clock::DefaultClock as GovernorClock;
 use governor::state::keyed::DashMapStateStore;
+use turnstile::algorithms::Step;
 use turnstile::reference::SeedTokenBucket;
-use turnstile::{Clock, Gcra, KeyedLimiter, QuantaClock, Quota, Step};
+use turnstile::{Clock, Gcra, KeyedLimiter, QuantaClock, Quota};
 
 use crate::mode::Mode;
 

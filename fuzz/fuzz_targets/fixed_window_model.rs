@@ -113,7 +113,10 @@ fuzz_target!(|input: Input| {
     let Ok(fixed) = FixedWindow::new(&quota) else {
         return;
     };
-    let (limit, period) = (u128::from(quota.count()), u128::from(quota.period_nanos()));
+    let (limit, period) = (
+        u128::from(quota.count()),
+        u128::from(turnstile::__private::period_nanos(&quota)),
+    );
     assert_eq!(u128::from(fixed.limit()), limit);
     assert_eq!(fixed.window(), quota.period());
     let mut state = 0u64;

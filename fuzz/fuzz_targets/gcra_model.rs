@@ -80,7 +80,10 @@ fuzz_target!(|input: Input| {
         return;
     };
     let gcra = Gcra::new(&quota);
-    let (t, burst) = (quota.interval_nanos(), quota.burst_size());
+    let (t, burst) = (
+        turnstile::__private::interval_nanos(&quota),
+        quota.burst_size(),
+    );
     let mut tat = input.tat.min(Gcra::TAT_END - 1);
     for &(now, cost) in &input.ops {
         let expected = model(t, burst, tat, now, cost);

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
+use turnstile::__private::HasherSeed as _;
 use turnstile::{BatchError, Decision, KeyedLimiter, ManualClock, OverflowPolicy, Quota};
 
 #[derive(Arbitrary, Debug)]

@@ -154,7 +154,7 @@ fn run(input: &Input) {
                     continue;
                 }
                 // TAT := max(TAT - cost*T, now), when TAT > now.
-                let interval = quota.interval_nanos();
+                let interval = turnstile::__private::interval_nanos(&quota);
                 let expected = match model.get(&key).copied() {
                     Some(tat) if tat > now => {
                         model.insert(key, tat.saturating_sub(cost * interval).max(now));

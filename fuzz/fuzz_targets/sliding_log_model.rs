@@ -43,7 +43,7 @@ fuzz_target!(|input: Input| {
     let Ok(quota) = Quota::new(u64::from(input.count), Duration::from_nanos(input.period)) else {
         return;
     };
-    let (limit, period) = (quota.count(), quota.period_nanos());
+    let (limit, period) = (quota.count(), turnstile::__private::period_nanos(&quota));
     let clock = ManualClock::new();
     let log = SlidingLog::with_clock(quota, clock.clone());
     assert_eq!(log.limit(), limit);

@@ -205,7 +205,7 @@ fuzz_target!(|input: Input| {
     };
     let model = Model {
         limit: u128::from(quota.count()),
-        period: u128::from(quota.period_nanos()),
+        period: u128::from(turnstile::__private::period_nanos(&quota)),
     };
     assert_eq!(u128::from(window.limit()), model.limit);
     assert_eq!(window.window(), quota.period());

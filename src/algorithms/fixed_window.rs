@@ -42,9 +42,8 @@ const MIN_PERIOD: u64 = min_period_nanos(State::INDEX_BITS);
 
 const _: () = assert!(State::COUNT_BITS + State::INDEX_BITS == u64::BITS - 1);
 // The largest state (last index, count MAX_LIMIT) is below STATE_END.
-const _: () = assert!(
-    (State::INDEX_END - 1) << State::COUNT_BITS | MAX_LIMIT < crate::cell::STATE_END
-);
+const _: () =
+    assert!((State::INDEX_END - 1) << State::COUNT_BITS | MAX_LIMIT < crate::cell::STATE_END);
 const _: () = assert!(MIN_PERIOD > 2_860_000 && MIN_PERIOD < 2_880_000);
 
 /// The fixed-window counter: at most `limit` requests in each window of one

@@ -42,6 +42,7 @@ use std::time::Duration;
 
 use crate::{Quota, QuotaError};
 
+pub use crate::algorithm::Step;
 pub use fixed_window::FixedWindow;
 pub use sliding_log::SlidingLog;
 pub use sliding_window::SlidingWindow;

@@ -52,9 +52,7 @@ const MIN_PERIOD: u64 = min_period_nanos(State::INDEX_BITS);
 const _: () = assert!(2 * State::COUNT_BITS + State::INDEX_BITS == u64::BITS - 1);
 // The largest state (last index, both counts full) is below STATE_END.
 const _: () = assert!(
-    (State::INDEX_END - 1) << (2 * State::COUNT_BITS)
-        | MAX_LIMIT << State::COUNT_BITS
-        | MAX_LIMIT
+    (State::INDEX_END - 1) << (2 * State::COUNT_BITS) | MAX_LIMIT << State::COUNT_BITS | MAX_LIMIT
         < crate::cell::STATE_END
 );
 const _: () = assert!(MIN_PERIOD > 730_000_000 && MIN_PERIOD < 740_000_000);

@@ -134,9 +134,13 @@ where
     /// [`check_batch`](KeyedLimiter::check_batch) with another prefetch
     /// distance (0: no prefetching at all). For the benchmark that chose
     /// [`PREFETCH_DISTANCE`]; the decisions are the same at any distance.
-    #[doc(hidden)]
-    pub fn check_batch_at_distance<Q>(&self, keys: &[Q], out: &mut Vec<Decision>, distance: usize)
-    where
+    /// (Reached through `__private::check_batch_at_distance`.)
+    pub(crate) fn check_batch_at_distance<Q>(
+        &self,
+        keys: &[Q],
+        out: &mut Vec<Decision>,
+        distance: usize,
+    ) where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K>,
     {
@@ -208,7 +212,7 @@ mod tests {
         for distance in [0, 1, 8, 31, 32, 1_000] {
             let limiter = KeyedLimiter::builder(Quota::per_hour(1).unwrap().burst(3).unwrap())
                 .clock(ManualClock::new())
-                .hasher_seed(5)
+                .with_hasher_seed(5)
                 .build();
             let mut out = Vec::new();
             limiter.check_batch_at_distance(&keys, &mut out, distance);

@@ -14,7 +14,6 @@ use std::hash::Hash;
 use crossbeam_epoch::{Collector, Guard};
 
 use raw::RawMap;
-pub use raw::MIGRATION_CHUNK;
 pub(crate) use raw::{Idle, Slot};
 
 /// A lock-free map from keys to cells (see [`raw`] for the layout).

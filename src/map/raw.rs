@@ -135,7 +135,7 @@ pub(crate) const MIN_CAPACITY: usize = 2;
 /// insert's extra latency to a few microseconds, large enough that a table
 /// of a million slots is copied after ~16k steps. One under loom, so that
 /// the models' small tables have several chunks to hand out and race over.
-pub const MIGRATION_CHUNK: usize = if cfg!(turnstile_loom) { 1 } else { 64 };
+pub(crate) const MIGRATION_CHUNK: usize = if cfg!(turnstile_loom) { 1 } else { 64 };
 
 /// Slots per 64-byte cache line (at least one).
 const fn slots_per_line<K>() -> usize {
@@ -242,8 +242,12 @@ impl<K> Slot<K> {
         // immutable, this slot's is written by this thread alone, and the
         // two slots are distinct (they are in different tables).
         from.key.with(|src| {
-            self.key
-                .with_mut(|dst| unsafe { std::ptr::copy_nonoverlapping(src, dst, 1) })
+            self.key.with_mut(|dst| {
+                // SAFETY: as above: `src` is initialised and read only,
+                // `dst` is written by this thread alone, and they do not
+                // overlap.
+                unsafe { std::ptr::copy_nonoverlapping(src, dst, 1) }
+            })
         });
     }
 }
@@ -626,7 +630,9 @@ impl<K: Hash + Eq> RawMap<K> {
                         }
                         let fresh = state();
                         if slot.cell.claim_empty() {
-                            let key = owned.take().expect("a key is made before its slot is claimed");
+                            let key = owned
+                                .take()
+                                .expect("a key is made before its slot is claimed");
                             // SAFETY: this thread claimed the slot just now.
                             unsafe { slot.write_key(key) };
                             slot.cell.publish(fresh);
@@ -676,7 +682,10 @@ impl<K: Hash + Eq> RawMap<K> {
         // A live slot is frozen only by a migration's chunk, after the
         // successor is installed, and `next` is never reset.
         let next = table.next.load(Ordering::Acquire, guard);
-        debug_assert!(!next.is_null(), "a frozen bucket in a table with no successor");
+        debug_assert!(
+            !next.is_null(),
+            "a frozen bucket in a table with no successor"
+        );
         // SAFETY: checked non-null; the successor is retired only through
         // the epoch, which `guard` holds off.
         let Some(next) = (unsafe { next.as_ref() }) else {

@@ -1,0 +1,61 @@
+//! Not API: what the crate's own tests, benches and fuzz targets need to
+//! see of its internals. Hidden from the docs, and free to change in any
+//! release; nothing here is covered by semantic versioning.
+
+use std::borrow::Borrow;
+use std::hash::Hash;
+
+use crate::{Algorithm, Clock, Decision, KeyedLimiter, KeyedLimiterBuilder, Quota};
+
+/// Clock time between two housekeeping steps of a keyed limiter, in ns.
+pub const TICK: u64 = crate::keyed::TICK;
+
+/// A quota's emission interval `T`, in nanoseconds.
+pub fn interval_nanos(quota: &Quota) -> u64 {
+    quota.interval_nanos()
+}
+
+/// A quota's period, in nanoseconds.
+pub fn period_nanos(quota: &Quota) -> u64 {
+    quota.period_nanos()
+}
+
+/// A quota's tolerance `tau = B * T`, in nanoseconds.
+pub fn tolerance_nanos(quota: &Quota) -> u64 {
+    quota.tolerance_nanos()
+}
+
+/// Fixed hasher keys for a keyed limiter, so that two limiters fed the same
+/// requests make the same choices (which bucket an overflow evicts): what
+/// the model tests compare a batch against.
+pub trait HasherSeed {
+    /// This builder with the hasher keyed from `seed`.
+    fn hasher_seed(self, seed: u64) -> Self;
+}
+
+impl<K, C, A> HasherSeed for KeyedLimiterBuilder<K, C, A>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    C: Clock,
+    A: Algorithm,
+{
+    fn hasher_seed(self, seed: u64) -> Self {
+        self.with_hasher_seed(seed)
+    }
+}
+
+/// `check_batch` with another prefetch distance (0: no prefetching), for
+/// the benchmark that chose the default.
+pub fn check_batch_at_distance<K, C, A, Q>(
+    limiter: &KeyedLimiter<K, C, A>,
+    keys: &[Q],
+    out: &mut Vec<Decision>,
+    distance: usize,
+) where
+    K: Hash + Eq + Send + Sync + 'static + Borrow<Q>,
+    C: Clock,
+    A: Algorithm,
+    Q: Hash + Eq + ToOwned<Owned = K>,
+{
+    limiter.check_batch_at_distance(keys, out, distance);
+}
