@@ -1,0 +1,703 @@
+//! Adversarial review of the inline-slot map (cells and keys in the table,
+//! frozen before they are copied). Each test races one part of the
+//! protocol through the public API, bounds itself with a watchdog, and
+//! asserts that it reached its race (migrations seen through `capacity()`
+//! changes, evictions through `stats()`).
+//!
+//! Keys count themselves: every key made (`new` or `clone`) must be dropped
+//! exactly once by the time the limiter and the threads that used it are
+//! gone. A key dropped twice, or never, shows as `made != dropped`.
+//!
+//! The counting allocator is process-wide: the tests take turns.
+
+use std::hash::{Hash, Hasher};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::Mutex;
+use std::thread;
+use std::time::Duration;
+
+use turnstile::{KeyedLimiter, ManualClock, OverflowPolicy, Quota};
+
+#[path = "support/heap.rs"]
+mod heap;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `work` on its own thread; a hang fails the test after `limit`.
+fn within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (done, finished) = mpsc::channel();
+    let worker = thread::spawn(move || {
+        let result = work();
+        let _ = done.send(());
+        result
+    });
+    match finished.recv_timeout(limit) {
+        Ok(()) => worker.join().unwrap(),
+        Err(mpsc::RecvTimeoutError::Disconnected) => match worker.join() {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(_) => unreachable!(),
+        },
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what} did not finish within {limit:?}: hung")
+        }
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// Made/dropped counters for one test's keys.
+#[derive(Debug)]
+struct Counts {
+    made: AtomicUsize,
+    dropped: AtomicUsize,
+}
+impl Counts {
+    const fn new() -> Self {
+        Counts {
+            made: AtomicUsize::new(0),
+            dropped: AtomicUsize::new(0),
+        }
+    }
+    fn made(&self) -> usize {
+        self.made.load(Ordering::SeqCst)
+    }
+    fn dropped(&self) -> usize {
+        self.dropped.load(Ordering::SeqCst)
+    }
+}
+
+/// Waits (up to 2 s) for keys still held by the epoch garbage of threads
+/// that are exiting (their thread-local handles are let go after `scope`
+/// returns) to be dropped. A double drop shows at once as dropped > made.
+fn settle(counts: &Counts) {
+    for _ in 0..200 {
+        if counts.dropped() >= counts.made() {
+            return;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A key that owns heap memory and counts its drops.
+#[derive(Debug)]
+struct Key {
+    id: u64,
+    name: String,
+    counts: &'static Counts,
+}
+impl Key {
+    fn new(id: u64, counts: &'static Counts) -> Self {
+        counts.made.fetch_add(1, Ordering::SeqCst);
+        Key {
+            id,
+            name: format!("key-{id}"),
+            counts,
+        }
+    }
+}
+impl Clone for Key {
+    fn clone(&self) -> Self {
+        Key::new(self.id, self.counts)
+    }
+}
+impl Drop for Key {
+    fn drop(&mut self) {
+        self.counts.dropped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id && self.name == other.name
+    }
+}
+impl Eq for Key {}
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.id.hash(h);
+        self.name.hash(h);
+    }
+}
+
+const HOT_BURST: u64 = 20;
+
+fn hot_quota() -> Quota {
+    format!("1/h burst {HOT_BURST}").parse().unwrap()
+}
+
+/// Quota for churn keys: idle 1 ms after their one request.
+fn fast_quota() -> Quota {
+    "1000/s burst 1".parse().unwrap()
+}
+
+/// Watches `capacity()` from a thread and records how often it grew and
+/// shrank (each change is a finished migration).
+#[derive(Default)]
+struct Migrations {
+    grew: AtomicUsize,
+    shrank: AtomicUsize,
+}
+impl Migrations {
+    fn saw(&self, before: &mut usize, now: usize) {
+        if now > *before {
+            self.grew.fetch_add(1, Ordering::Relaxed);
+        } else if now < *before {
+            self.shrank.fetch_add(1, Ordering::Relaxed);
+        }
+        *before = now;
+    }
+}
+
+/// The shared shape of the exact-burst attacks: `hot` threads hammer 16 hot
+/// keys (quota 1/h burst 20) through `hot_check`; two churn threads insert
+/// fresh keys on a 1 ms quota (growth); one thread moves the clock 5 ms at a
+/// time and calls `evict_idle` (shrinking, and housekeeping on every check).
+/// The clock moves 2 s in all, so each hot key admits exactly its burst.
+fn exact_burst_attack(
+    counts: &'static Counts,
+    hot: usize,
+    batch: bool,
+) -> (Vec<u64>, usize, usize, u64) {
+    let clock = ManualClock::new();
+    let limiter: KeyedLimiter<Key, ManualClock> = KeyedLimiter::builder(hot_quota())
+        .clock(clock.clone())
+        .build();
+    const HOT_KEYS: u64 = 16;
+    let hot_keys: Vec<Key> = (0..HOT_KEYS).map(|i| Key::new(1 << 40 | i, counts)).collect();
+    let admitted: Vec<AtomicU64> = (0..HOT_KEYS).map(|_| AtomicU64::new(0)).collect();
+    let stop = AtomicBool::new(false);
+    let migrations = Migrations::default();
+    let fast = fast_quota();
+    thread::scope(|s| {
+        for t in 0..hot {
+            let (limiter, hot_keys, admitted, stop) = (&limiter, &hot_keys, &admitted, &stop);
+            s.spawn(move || {
+                let mut rng = Rng(t as u64 + 1);
+                let mut out = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    if batch {
+                        let start = (rng.next() % HOT_KEYS) as usize;
+                        let keys: Vec<Key> = (0..8)
+                            .map(|j| hot_keys[(start + j * 3) % HOT_KEYS as usize].clone())
+                            .collect();
+                        limiter.check_batch(&keys, &mut out);
+                        for (key, decision) in keys.iter().zip(&out) {
+                            if decision.is_allowed() {
+                                admitted[(key.id & 0xff) as usize].fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    } else {
+                        let i = (rng.next() % HOT_KEYS) as usize;
+                        if limiter.check(&hot_keys[i]).is_allowed() {
+                            admitted[i].fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+        }
+        for t in 0..2u64 {
+            let (limiter, stop, fast) = (&limiter, &stop, &fast);
+            s.spawn(move || {
+                let mut id = t << 32;
+                while !stop.load(Ordering::Relaxed) {
+                    id += 1;
+                    let _ = limiter.check_with(&Key::new(id, counts), fast);
+                }
+            });
+        }
+        let mut capacity = limiter.capacity();
+        for _ in 0..400 {
+            clock.advance(Duration::from_millis(5));
+            limiter.evict_idle();
+            migrations.saw(&mut capacity, limiter.capacity());
+            for _ in 0..20 {
+                thread::yield_now();
+                migrations.saw(&mut capacity, limiter.capacity());
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    // Every hot key is exhausted; nothing else is tracked after a sweep at
+    // the same reading but the hot keys.
+    limiter.evict_idle();
+    let len_after = limiter.len();
+    clock.advance(Duration::from_secs(365 * 24 * 3600));
+    let evicted = limiter.evict_idle();
+    assert_eq!(limiter.len(), 0, "len after evicting everything");
+    assert_eq!(evicted, len_after, "evict_idle evicted what len counted");
+    let out = admitted.iter().map(|a| a.load(Ordering::Relaxed)).collect();
+    let stats = limiter.stats();
+    drop(hot_keys);
+    drop(limiter);
+    (
+        out,
+        migrations.grew.load(Ordering::Relaxed),
+        migrations.shrank.load(Ordering::Relaxed),
+        stats.idle_evictions,
+    )
+}
+
+fn check_exact(name: &str, counts: &'static Counts, result: (Vec<u64>, usize, usize, u64)) {
+    settle(counts);
+    let (admitted, grew, shrank, idle) = result;
+    eprintln!(
+        "{name}: admitted per hot key {admitted:?}; migrations seen: grew {grew}, shrank {shrank}; idle evictions {idle}; keys made {} dropped {}",
+        counts.made(),
+        counts.dropped()
+    );
+    assert!(grew >= 3 && shrank >= 3, "the race was not reached: grew {grew}, shrank {shrank}");
+    assert!(
+        admitted.iter().all(|&a| a == HOT_BURST),
+        "a hot key admitted other than exactly its burst: {admitted:?}"
+    );
+    assert_eq!(counts.made(), counts.dropped(), "keys made vs dropped");
+}
+
+/// Attack 1: exact admissions per hot key while the table grows and
+/// shrinks under it (6 hot threads, 2 churn threads, 1 evictor on 2 cores).
+#[test]
+fn exact_burst_while_growth_and_shrinking_race() {
+    let _serial = serial();
+    static COUNTS: Counts = Counts::new();
+    let result = within(Duration::from_secs(120), "exact burst attack", || {
+        exact_burst_attack(&COUNTS, 5, false)
+    });
+    check_exact("check", &COUNTS, result);
+}
+
+/// Attack 2: the same through `check_batch` (prefetches, one pin per batch).
+#[test]
+fn exact_burst_through_batches_while_migrations_race() {
+    let _serial = serial();
+    static COUNTS: Counts = Counts::new();
+    let result = within(Duration::from_secs(120), "batch attack", || {
+        exact_burst_attack(&COUNTS, 4, true)
+    });
+    check_exact("check_batch", &COUNTS, result);
+}
+
+/// Attack 3: `max_keys` 100 under `EvictFullest`, 6 threads of random keys,
+/// one thread jumping the clock and evicting idle keys. `len` must never
+/// pass `max_keys`, must end at 0, and every key is dropped once.
+#[test]
+fn evict_fullest_at_small_max_keys_keeps_len_and_keys_exact() {
+    let _serial = serial();
+    const MAX_KEYS: usize = 100;
+    static CHECKS: AtomicU64 = AtomicU64::new(0);
+    static COUNTS: Counts = Counts::new();
+    let (overflow, max_len, migrations) = within(Duration::from_secs(120), "evict fullest", || {
+        let clock = ManualClock::new();
+        let limiter: KeyedLimiter<Key, ManualClock> =
+            KeyedLimiter::builder("10/s burst 3".parse::<Quota>().unwrap())
+                .clock(clock.clone())
+                .max_keys(MAX_KEYS)
+                .overflow(OverflowPolicy::EvictFullest)
+                .build();
+        let stop = AtomicBool::new(false);
+        let max_len = AtomicUsize::new(0);
+        let changes = AtomicUsize::new(0);
+        let pause = AtomicBool::new(false);
+        thread::scope(|s| {
+            for t in 0..6u64 {
+                let (limiter, stop, max_len, pause) = (&limiter, &stop, &max_len, &pause);
+                s.spawn(move || {
+                    let mut rng = Rng(t + 100);
+                    while !stop.load(Ordering::Relaxed) {
+                        if pause.load(Ordering::Relaxed) {
+                            thread::yield_now();
+                            continue;
+                        }
+                        let key = Key::new(rng.next() % 1_000, &COUNTS);
+                        let _ = limiter.check(&key);
+                        CHECKS.fetch_add(1, Ordering::Relaxed);
+                        if rng.next() % 16 == 0 {
+                            let _ = limiter.reset(&key);
+                        }
+                        max_len.fetch_max(limiter.len(), Ordering::Relaxed);
+                    }
+                });
+            }
+            let mut capacity = limiter.capacity();
+            for i in 0..300 {
+                // Every 10th step the workers pause, so that evicting
+                // everything shrinks the table (and refilling grows it);
+                // the other steps race evict_idle against the inserts.
+                let jump = i % 10 == 0;
+                if jump {
+                    pause.store(true, Ordering::Relaxed);
+                    thread::sleep(Duration::from_millis(2));
+                }
+                clock.advance(Duration::from_millis(if jump { 2_000 } else { 3 }));
+                limiter.evict_idle();
+                pause.store(false, Ordering::Relaxed);
+                for _ in 0..20 {
+                    thread::yield_now();
+                    let now = limiter.capacity();
+                    if now != capacity {
+                        changes.fetch_add(1, Ordering::Relaxed);
+                        capacity = now;
+                    }
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        let stats = limiter.stats();
+        clock.advance(Duration::from_secs(3600));
+        limiter.evict_idle();
+        assert_eq!(limiter.len(), 0, "len after evicting everything");
+        drop(limiter);
+        (
+            stats.overflow_evictions,
+            max_len.load(Ordering::Relaxed),
+            changes.load(Ordering::Relaxed),
+        )
+    });
+    settle(&COUNTS);
+    eprintln!(
+        "evict fullest: {} checks, overflow evictions {overflow}, max len seen {max_len}, capacity changes {migrations}, made {} dropped {}",
+        CHECKS.load(Ordering::Relaxed),
+        COUNTS.made(),
+        COUNTS.dropped()
+    );
+    assert!(overflow > 100, "the race was not reached: {overflow} overflow evictions");
+    assert!(migrations >= 6, "the race was not reached: {migrations} capacity changes");
+    assert!(max_len <= MAX_KEYS, "len passed max_keys: {max_len}");
+    assert_eq!(COUNTS.made(), COUNTS.dropped(), "keys made vs dropped");
+}
+
+/// Attack 4: refunds, peeks and resets racing the checks of hot keys while
+/// churn makes the table migrate both ways. On a frozen-for-the-hot-keys
+/// clock: burst <= admitted <= burst + successful refunds for refunded keys,
+/// burst <= admitted <= burst * (resets + 1) for reset keys.
+#[test]
+fn refund_peek_reset_racing_migrations_stay_within_bounds() {
+    let _serial = serial();
+    static COUNTS: Counts = Counts::new();
+    let (admitted, refunds, resets, changes) =
+        within(Duration::from_secs(120), "refund/peek/reset", || {
+            let clock = ManualClock::new();
+            let limiter: KeyedLimiter<Key, ManualClock> = KeyedLimiter::builder(hot_quota())
+                .clock(clock.clone())
+                .build();
+            const N: u64 = 8;
+            let keys: Vec<Key> = (0..N).map(|i| Key::new(1 << 41 | i, &COUNTS)).collect();
+            let admitted: Vec<AtomicU64> = (0..N).map(|_| AtomicU64::new(0)).collect();
+            let refunds: Vec<AtomicU64> = (0..N).map(|_| AtomicU64::new(0)).collect();
+            let resets: Vec<AtomicU64> = (0..N).map(|_| AtomicU64::new(0)).collect();
+            let stop = AtomicBool::new(false);
+            let changes = AtomicUsize::new(0);
+            let fast = fast_quota();
+            thread::scope(|s| {
+                for t in 0..3u64 {
+                    let (limiter, keys, admitted, stop) = (&limiter, &keys, &admitted, &stop);
+                    s.spawn(move || {
+                        let mut rng = Rng(t + 7);
+                        while !stop.load(Ordering::Relaxed) {
+                            let i = (rng.next() % N) as usize;
+                            if limiter.check(&keys[i]).is_allowed() {
+                                admitted[i].fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    });
+                }
+                {
+                    let (limiter, keys, refunds, resets, stop) =
+                        (&limiter, &keys, &refunds, &resets, &stop);
+                    s.spawn(move || {
+                        let mut rng = Rng(99);
+                        while !stop.load(Ordering::Relaxed) {
+                            let i = (rng.next() % N) as usize;
+                            let _ = limiter.peek(&keys[i]);
+                            // Keys 0..4 are refunded, 4..8 reset; rarely.
+                            if rng.next() % 64 == 0 {
+                                if i < 4 {
+                                    if limiter.refund(&keys[i], 1).unwrap() {
+                                        refunds[i].fetch_add(1, Ordering::Relaxed);
+                                    }
+                                } else if limiter.reset(&keys[i]) {
+                                    resets[i].fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                        }
+                    });
+                }
+                {
+                    let (limiter, stop, fast) = (&limiter, &stop, &fast);
+                    s.spawn(move || {
+                        let mut id = 0;
+                        while !stop.load(Ordering::Relaxed) {
+                            id += 1;
+                            let _ = limiter.check_with(&Key::new(id, &COUNTS), fast);
+                        }
+                    });
+                }
+                let mut capacity = limiter.capacity();
+                for _ in 0..400 {
+                    clock.advance(Duration::from_millis(5));
+                    limiter.evict_idle();
+                    for _ in 0..20 {
+                        thread::yield_now();
+                        let now = limiter.capacity();
+                        if now != capacity {
+                            changes.fetch_add(1, Ordering::Relaxed);
+                            capacity = now;
+                        }
+                    }
+                }
+                stop.store(true, Ordering::Relaxed);
+            });
+            clock.advance(Duration::from_secs(365 * 24 * 3600));
+            limiter.evict_idle();
+            assert_eq!(limiter.len(), 0, "len after evicting everything");
+            let load = |v: &Vec<AtomicU64>| -> Vec<u64> {
+                v.iter().map(|a| a.load(Ordering::Relaxed)).collect()
+            };
+            let result = (
+                load(&admitted),
+                load(&refunds),
+                load(&resets),
+                changes.load(Ordering::Relaxed),
+            );
+            drop(keys);
+            drop(limiter);
+            result
+        });
+    settle(&COUNTS);
+    eprintln!(
+        "refund/peek/reset: admitted {admitted:?} refunds {refunds:?} resets {resets:?} capacity changes {changes}; made {} dropped {}",
+        COUNTS.made(),
+        COUNTS.dropped()
+    );
+    assert!(changes >= 6, "the race was not reached: {changes} capacity changes");
+    assert!(refunds.iter().sum::<u64>() > 0 && resets.iter().sum::<u64>() > 0);
+    for i in 0..4 {
+        assert!(
+            admitted[i] >= HOT_BURST && admitted[i] <= HOT_BURST + refunds[i],
+            "key {i}: admitted {} with {} refunds",
+            admitted[i],
+            refunds[i]
+        );
+    }
+    for i in 4..8 {
+        assert!(
+            admitted[i] >= HOT_BURST && admitted[i] <= HOT_BURST * (resets[i] + 1),
+            "key {i}: admitted {} with {} resets",
+            admitted[i],
+            resets[i]
+        );
+    }
+    assert_eq!(COUNTS.made(), COUNTS.dropped(), "keys made vs dropped");
+}
+
+/// Attack 6: memory is given back. A limiter that went through many
+/// migrations on 6 threads, dropped after its threads exit, leaves the heap
+/// where it found it (within slack for thread-local bookkeeping).
+#[test]
+fn memory_is_returned_after_many_migrations() {
+    let _serial = serial();
+    static COUNTS: Counts = Counts::new();
+    let before = heap::live();
+    within(Duration::from_secs(120), "memory", || {
+        let clock = ManualClock::new();
+        let limiter: KeyedLimiter<Key, ManualClock> = KeyedLimiter::builder(fast_quota())
+            .clock(clock.clone())
+            .build();
+        thread::scope(|s| {
+            for t in 0..6u64 {
+                let (limiter, clock) = (&limiter, &clock);
+                s.spawn(move || {
+                    for i in 0..20_000u64 {
+                        let _ = limiter.check(&Key::new(t << 32 | i, &COUNTS));
+                        if i % 1000 == 0 {
+                            clock.advance(Duration::from_millis(10));
+                            if t == 0 {
+                                limiter.evict_idle();
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        drop(limiter);
+    });
+    settle(&COUNTS);
+    let after = heap::live();
+    eprintln!(
+        "memory: before {before} B, after {after} B; made {} dropped {}",
+        COUNTS.made(),
+        COUNTS.dropped()
+    );
+    assert_eq!(COUNTS.made(), COUNTS.dropped(), "keys made vs dropped");
+    assert!(after <= before + 64 * 1024, "{} B not returned", after - before);
+}
+
+// ---------------------------------------------------------------------------
+// Attack 5: a `Hash` that panics inside a migration, while readers copy the
+// frozen buckets themselves.
+
+thread_local! {
+    /// This thread's `Hash` of a stored key panics (the migrating thread).
+    static PANIC_IN_HASH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+static PANIC_COUNTS: Counts = Counts::new();
+static HASHES_PANICKED: AtomicUsize = AtomicUsize::new(0);
+
+/// Every key hashes alike (one long probe chain), so a copy compares its key
+/// with many others; `Eq` is slow, so a copy by a reader takes a while.
+#[derive(Debug)]
+struct Hostile(u64);
+impl Hostile {
+    fn new(id: u64) -> Self {
+        PANIC_COUNTS.made.fetch_add(1, Ordering::SeqCst);
+        Hostile(id)
+    }
+}
+impl Clone for Hostile {
+    fn clone(&self) -> Self {
+        Hostile::new(self.0)
+    }
+}
+impl Drop for Hostile {
+    fn drop(&mut self) {
+        PANIC_COUNTS.dropped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+impl PartialEq for Hostile {
+    fn eq(&self, other: &Self) -> bool {
+        for _ in 0..200 {
+            std::hint::spin_loop();
+        }
+        self.0 == other.0
+    }
+}
+impl Eq for Hostile {}
+impl Hash for Hostile {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        if PANIC_IN_HASH.with(|p| p.get()) {
+            HASHES_PANICKED.fetch_add(1, Ordering::Relaxed);
+            panic!("hostile hash");
+        }
+        0u64.hash(h);
+    }
+}
+
+/// Readers check 24 keys; one thread, whose `Hash` panics, keeps making the
+/// map migrate (resets make a quarter of the table dead, then `evict_idle`
+/// compacts and copies). Its chunks bury the buckets they cannot hash, while
+/// readers that met those buckets frozen are copying them into the successor.
+/// Every key made must still be dropped exactly once, and `len` must end at 0.
+#[test]
+fn a_panicking_hash_in_a_migration_racing_reader_copies() {
+    let _serial = serial();
+    let (panics, len_before, evicted, len_after) = panicking_hash_attack(4);
+    assert!(panics > 100, "the race was not reached: {panics} panicking migrations");
+    assert_eq!(len_after, 0, "len drifted: {len_after} after evicting everything");
+    assert_eq!(evicted, len_before, "evicted vs len");
+    assert_eq!(PANIC_COUNTS.made(), PANIC_COUNTS.dropped(), "keys made vs dropped");
+}
+
+/// Control for attack 5: the same panicking migrations with no concurrent
+/// reader (the migrating thread puts the keys back itself, its hash
+/// disarmed). Nobody copies a frozen bucket but the claimer, so the
+/// bury-on-panic path alone is exercised: it must keep `len` and drops exact.
+#[test]
+fn control_a_panicking_hash_in_a_migration_without_readers() {
+    let _serial = serial();
+    let made = PANIC_COUNTS.made();
+    let dropped = PANIC_COUNTS.dropped();
+    let (panics, len_before, evicted, len_after) = panicking_hash_attack(0);
+    assert!(panics > 100, "the race was not reached: {panics} panicking migrations");
+    assert_eq!(len_after, 0, "len drifted: {len_after} after evicting everything");
+    assert_eq!(evicted, len_before, "evicted vs len");
+    assert_eq!(
+        PANIC_COUNTS.made() - made,
+        PANIC_COUNTS.dropped() - dropped,
+        "keys made vs dropped"
+    );
+}
+
+fn panicking_hash_attack(readers: u64) -> (usize, usize, usize, usize) {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let outcome = catch_unwind(|| {
+        within(Duration::from_secs(120), "panicking hash", move || {
+            let clock = ManualClock::new();
+            let limiter: KeyedLimiter<Hostile, ManualClock> =
+                KeyedLimiter::builder("1/h burst 1000000".parse::<Quota>().unwrap())
+                    .clock(clock.clone())
+                    .build();
+            const N: u64 = 24;
+            let keys: Vec<Hostile> = (0..N).map(Hostile::new).collect();
+            let stop = AtomicBool::new(false);
+            let panics = AtomicUsize::new(0);
+            thread::scope(|s| {
+                for t in 0..readers {
+                    let (limiter, keys, stop) = (&limiter, &keys, &stop);
+                    s.spawn(move || {
+                        let mut rng = Rng(t + 31);
+                        while !stop.load(Ordering::Relaxed) {
+                            let key = &keys[(rng.next() % N) as usize];
+                            let _ = catch_unwind(AssertUnwindSafe(|| limiter.check(key)));
+                        }
+                    });
+                }
+                let mut rng = Rng(5);
+                for _ in 0..3_000 {
+                    // Kill some keys (readers put them back), then migrate
+                    // with a panicking hash.
+                    for _ in 0..6 {
+                        limiter.reset(&keys[(rng.next() % N) as usize]);
+                    }
+                    PANIC_IN_HASH.with(|p| p.set(true));
+                    if catch_unwind(AssertUnwindSafe(|| limiter.evict_idle())).is_err() {
+                        panics.fetch_add(1, Ordering::Relaxed);
+                    }
+                    PANIC_IN_HASH.with(|p| p.set(false));
+                    // Let the readers run (2 cores, 5 threads).
+                    thread::sleep(Duration::from_micros(200));
+                    if readers == 0 {
+                        for key in &keys {
+                            let _ = limiter.check(key);
+                        }
+                    }
+                }
+                stop.store(true, Ordering::Relaxed);
+            });
+            let len_before = limiter.len();
+            clock.advance(Duration::from_secs(100 * 365 * 24 * 3600));
+            let evicted = limiter.evict_idle();
+            let len_after = limiter.len();
+            drop(keys);
+            drop(limiter);
+            (panics.load(Ordering::Relaxed), len_before, evicted, len_after)
+        })
+    });
+    std::panic::set_hook(previous);
+    let (panics, len_before, evicted, len_after) = outcome.unwrap();
+    settle(&PANIC_COUNTS);
+    eprintln!(
+        "panicking hash: {panics} migrations panicked ({} hashes), len before {len_before}, evicted {evicted}, len after {len_after}; made {} dropped {}",
+        HASHES_PANICKED.load(Ordering::Relaxed),
+        PANIC_COUNTS.made(),
+        PANIC_COUNTS.dropped()
+    );
+    (panics, len_before, evicted, len_after)
+}
