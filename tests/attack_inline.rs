@@ -701,3 +701,164 @@ fn panicking_hash_attack(readers: u64) -> (usize, usize, usize, usize) {
     );
     (panics, len_before, evicted, len_after)
 }
+
+// ---------------------------------------------------------------------------
+// Defect A, replayed deterministically: the interleaving that attack 5 hits
+// by chance, forced with the user code the map calls (`Hash` on the
+// migrating thread, `Eq` on the reader) as the scheduler.
+
+static GATE_COUNTS: Counts = Counts::new();
+/// 0: idle; 1: the migrating thread froze TARGET and is in its `Hash`;
+/// 2: the reader is copying TARGET (in an `Eq` in the successor's chain);
+/// 3: the migrating thread's panic was caught (TARGET buried).
+static STAGE: AtomicUsize = AtomicUsize::new(0);
+const TARGET: u64 = 3;
+static SEED_ENV: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
+    std::env::var("GATE_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(1)
+});
+thread_local! {
+    static MIGRATOR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static READER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn wait_for(stage: usize) {
+    let start = std::time::Instant::now();
+    while STAGE.load(Ordering::SeqCst) < stage {
+        assert!(start.elapsed() < Duration::from_secs(10), "stage {stage} never came");
+        thread::yield_now();
+    }
+}
+
+/// A key whose `Hash` and `Eq` drive the interleaving. It owns no heap
+/// memory on purpose: with a `String` inside, the double drop below is a
+/// double free and glibc aborts the test binary ("malloc_consolidate():
+/// unaligned fastbin chunk detected"); without, it shows as a count.
+#[derive(Debug)]
+struct Gate {
+    id: u64,
+}
+impl Gate {
+    fn new(id: u64) -> Self {
+        GATE_COUNTS.made.fetch_add(1, Ordering::SeqCst);
+        Gate { id }
+    }
+}
+impl Clone for Gate {
+    fn clone(&self) -> Self {
+        Gate::new(self.id)
+    }
+}
+impl Drop for Gate {
+    fn drop(&mut self) {
+        GATE_COUNTS.dropped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+impl PartialEq for Gate {
+    fn eq(&self, other: &Self) -> bool {
+        if self.id != other.id
+            && READER.with(|r| r.get())
+            && STAGE.load(Ordering::SeqCst) == 1
+        {
+            // The reader is in `place_copy` for TARGET, after `copy_frozen`
+            // read its frozen live word: let the migrating thread go on.
+            STAGE.store(2, Ordering::SeqCst);
+            wait_for(3);
+        }
+        self.id == other.id
+    }
+}
+impl Eq for Gate {}
+impl Hash for Gate {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        if self.id == TARGET && MIGRATOR.with(|m| m.get()) {
+            // `migrate_slot` froze TARGET's slot and hashes its key.
+            STAGE.store(1, Ordering::SeqCst);
+            wait_for(2);
+            panic!("hostile hash of the target key");
+        }
+        // One probe chain for every key.
+        0u64.hash(h);
+    }
+}
+
+/// Interleaving (src/map/raw.rs): the migrating thread C freezes TARGET's
+/// slot (`migrate_slot`), and its `Hash` of the key panics; before C's
+/// handler in `migrate_chunk` buries the slot, reader R's `find` meets the
+/// frozen bucket and `copy_frozen` reads its live word; C buries it
+/// (TOMBSTONE|FROZEN, `len` - 1); R's `place_copy` publishes a copy in the
+/// successor and its `mark_copied` fails. The key is then live in the
+/// successor (which owns its bytes) and dead in the old table (which owns
+/// them too): `len` is one short, and the key is dropped twice.
+#[test]
+fn defect_a_bury_after_a_reader_copied_the_bucket_double_drops_its_key() {
+    let _serial = serial();
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    STAGE.store(0, Ordering::SeqCst);
+    let outcome = catch_unwind(|| {
+        within(Duration::from_secs(60), "defect A replay", || {
+            let clock = ManualClock::new();
+            // A fixed hasher: the keys' chain must not wrap around the
+            // table's end before TARGET, or the migration (which walks slots
+            // in index order) freezes TARGET before the keys ahead of it in
+            // its chain, and the reader blocks in the old table instead.
+            let limiter: KeyedLimiter<Gate, ManualClock> =
+                KeyedLimiter::builder("1/h burst 5".parse::<Quota>().unwrap())
+                    .clock(clock.clone())
+                    .hasher_seed(*SEED_ENV)
+                    .build();
+            // Eight keys fill the smallest table (16 slots) to half.
+            for id in 0..8 {
+                assert!(limiter.check(&Gate::new(id)).is_allowed());
+            }
+            assert_eq!(limiter.capacity(), 16);
+            let len_before = limiter.len();
+            let reader_saw = thread::scope(|s| {
+                let reader = s.spawn(|| {
+                    READER.with(|r| r.set(true));
+                    wait_for(1);
+                    let decision = limiter.check(&Gate::new(TARGET));
+                    READER.with(|r| r.set(false));
+                    decision.is_allowed()
+                });
+                // A ninth key starts the growth; this thread copies the one
+                // chunk, and its hash of TARGET panics.
+                MIGRATOR.with(|m| m.set(true));
+                let panicked =
+                    catch_unwind(AssertUnwindSafe(|| limiter.check(&Gate::new(100)))).is_err();
+                MIGRATOR.with(|m| m.set(false));
+                assert!(panicked, "the migrating thread's hash did not panic");
+                STAGE.store(3, Ordering::SeqCst);
+                reader.join().unwrap()
+            });
+            assert!(reader_saw, "TARGET's bucket (4 left) admitted the reader");
+            let len_after = limiter.len();
+            let target_tracked = limiter.peek(&Gate::new(TARGET)).remaining() < 5;
+            clock.advance(Duration::from_secs(100 * 3600));
+            let evicted = limiter.evict_idle();
+            let len_end = limiter.len();
+            // What a wrapped `len` does to the limiter: is a fresh key
+            // still admitted?
+            let fresh_admitted = limiter.check(&Gate::new(50)).is_allowed();
+            eprintln!("defect A replay: a fresh key after that admitted: {fresh_admitted}; stats {:?}", limiter.stats());
+            drop(limiter);
+            (len_before, len_after, target_tracked, evicted, len_end)
+        })
+    });
+    std::panic::set_hook(previous);
+    let (len_before, len_after, target_tracked, evicted, len_end) = outcome.unwrap();
+    settle(&GATE_COUNTS);
+    eprintln!(
+        "defect A replay: len {len_before} -> {len_after} (TARGET still tracked: {target_tracked}), evict_idle evicted {evicted}, len then {len_end}; keys made {} dropped {}",
+        GATE_COUNTS.made(),
+        GATE_COUNTS.dropped()
+    );
+    assert!(
+        GATE_COUNTS.dropped() <= GATE_COUNTS.made(),
+        "a key was dropped twice: made {} dropped {}",
+        GATE_COUNTS.made(),
+        GATE_COUNTS.dropped()
+    );
+    assert_eq!(len_end, 0, "len drifted");
+    assert_eq!(GATE_COUNTS.made(), GATE_COUNTS.dropped(), "keys made vs dropped");
+}
