@@ -862,3 +862,106 @@ fn defect_a_bury_after_a_reader_copied_the_bucket_double_drops_its_key() {
     assert_eq!(len_end, 0, "len drifted");
     assert_eq!(GATE_COUNTS.made(), GATE_COUNTS.dropped(), "keys made vs dropped");
 }
+
+/// Attack 7: pure growth under contention on a frozen clock: 6 threads
+/// insert the same 20,000 keys (burst 2) in different orders, each checking
+/// every key 3 times, while the table grows from 16 to 65,536 slots with
+/// every thread copying chunks and meeting frozen buckets. Then half the
+/// keys are reset (a quarter of the table dead: compaction) while the
+/// threads check the other half again. Each never-reset key admits exactly
+/// 2 in total.
+#[test]
+fn exact_burst_for_thousands_of_keys_while_every_thread_grows_the_table() {
+    let _serial = serial();
+    static COUNTS: Counts = Counts::new();
+    const N: u64 = 20_000;
+    let (admitted, capacities, resets) = within(Duration::from_secs(120), "growth", || {
+        let clock = ManualClock::new();
+        let limiter: KeyedLimiter<Key, ManualClock> =
+            KeyedLimiter::builder("1/h burst 2".parse::<Quota>().unwrap())
+                .clock(clock.clone())
+                .build();
+        let keys: Vec<Key> = (0..N).map(|i| Key::new(i, &COUNTS)).collect();
+        let admitted: Vec<AtomicU64> = (0..N).map(|_| AtomicU64::new(0)).collect();
+        let capacities = Mutex::new(vec![limiter.capacity()]);
+        let resets = AtomicU64::new(0);
+        for phase in 0..2 {
+            let running = AtomicUsize::new(6);
+            thread::scope(|s| {
+                {
+                    let (limiter, capacities, running) = (&limiter, &capacities, &running);
+                    s.spawn(move || {
+                        while running.load(Ordering::Relaxed) > 0 {
+                            let c = limiter.capacity();
+                            let mut seen = capacities.lock().unwrap();
+                            if *seen.last().unwrap() != c {
+                                seen.push(c);
+                            }
+                            drop(seen);
+                            thread::yield_now();
+                        }
+                    });
+                }
+                for t in 0..6u64 {
+                    let running = &running;
+                    let (limiter, keys, admitted, resets) = (&limiter, &keys, &admitted, &resets);
+                    s.spawn(move || {
+                        let mut rng = Rng(t * 77 + phase);
+                        let offset = rng.next() % N;
+                        let stride = [1, 7, 13, 17, 19, 23][t as usize];
+                        for round in 0..3 {
+                            for j in 0..N {
+                                if j % 16 == 0 {
+                                    thread::yield_now();
+                                }
+                                let i = ((offset + j * stride + round) % N) as usize;
+                                if phase == 1 && i % 2 == 1 {
+                                    if t == 0 && round == 0 && limiter.reset(&keys[i]) {
+                                        resets.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                    continue;
+                                }
+                                if limiter.check(&keys[i]).is_allowed() {
+                                    admitted[i].fetch_add(1, Ordering::Relaxed);
+                                }
+                            }
+                            if t == 0 && phase == 1 {
+                                limiter.evict_idle();
+                            }
+                        }
+                        running.fetch_sub(1, Ordering::Relaxed);
+                    });
+                }
+            });
+        }
+        let result = (
+            admitted.iter().map(|a| a.load(Ordering::Relaxed)).collect::<Vec<_>>(),
+            capacities.into_inner().unwrap(),
+            resets.load(Ordering::Relaxed),
+        );
+        clock.advance(Duration::from_secs(24 * 3600));
+        limiter.evict_idle();
+        assert_eq!(limiter.len(), 0);
+        drop(keys);
+        drop(limiter);
+        result
+    });
+    settle(&COUNTS);
+    let wrong: Vec<(usize, u64)> = admitted
+        .iter()
+        .enumerate()
+        .filter(|&(i, &a)| i % 2 == 0 && a != 2)
+        .map(|(i, &a)| (i, a))
+        .collect();
+    eprintln!(
+        "growth: capacities seen {capacities:?}, resets {resets}, keys admitting other than 2: {} {:?}; made {} dropped {}",
+        wrong.len(),
+        &wrong[..wrong.len().min(10)],
+        COUNTS.made(),
+        COUNTS.dropped()
+    );
+    assert!(capacities.len() >= 5, "the race was not reached: {capacities:?}");
+    assert!(resets > 100, "resets: {resets}");
+    assert!(wrong.is_empty(), "lost updates or duplicate buckets");
+    assert_eq!(COUNTS.made(), COUNTS.dropped(), "keys made vs dropped");
+}
