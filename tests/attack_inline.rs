@@ -736,11 +736,16 @@ fn wait_for(stage: usize) {
 #[derive(Debug)]
 struct Gate {
     id: u64,
+    /// Heap memory, only in the `#[ignore]`d variant (for Miri).
+    #[allow(dead_code)]
+    heap: Option<Box<u64>>,
 }
+static HEAP_GATES: AtomicBool = AtomicBool::new(false);
 impl Gate {
     fn new(id: u64) -> Self {
         GATE_COUNTS.made.fetch_add(1, Ordering::SeqCst);
-        Gate { id }
+        let heap = HEAP_GATES.load(Ordering::Relaxed).then(|| Box::new(id));
+        Gate { id, heap }
     }
 }
 impl Clone for Gate {
@@ -792,6 +797,24 @@ impl Hash for Gate {
 #[test]
 fn defect_a_bury_after_a_reader_copied_the_bucket_double_drops_its_key() {
     let _serial = serial();
+    defect_a_replay();
+}
+
+/// Defect A with keys that own heap memory: the double drop is a double
+/// free (use-after-free before it: the successor's copy points at freed
+/// memory once the old table is collected). Natively glibc may abort the
+/// whole test binary, hence ignored; run it under Miri:
+/// `MIRIFLAGS="-Zmiri-tree-borrows -Zmiri-ignore-leaks" cargo +nightly miri
+/// test --test attack_inline -- --ignored defect_a_heap`.
+#[test]
+#[ignore = "undefined behaviour: double free (aborts natively); run under Miri"]
+fn defect_a_heap_keys_are_freed_twice() {
+    let _serial = serial();
+    HEAP_GATES.store(true, Ordering::Relaxed);
+    defect_a_replay();
+}
+
+fn defect_a_replay() {
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     STAGE.store(0, Ordering::SeqCst);
