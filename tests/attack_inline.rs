@@ -558,6 +558,12 @@ thread_local! {
     static PANIC_IN_HASH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 static PANIC_COUNTS: Counts = Counts::new();
+thread_local! {
+    /// This thread's `Eq` panics (the migrating thread, `place_copy`).
+    static PANIC_IN_EQ: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+/// Which of the two hostile impls attack 5 arms on the migrating thread.
+static ARM_EQ: AtomicBool = AtomicBool::new(false);
 static HASHES_PANICKED: AtomicUsize = AtomicUsize::new(0);
 
 /// Every key hashes alike (one long probe chain), so a copy compares its key
@@ -582,6 +588,10 @@ impl Drop for Hostile {
 }
 impl PartialEq for Hostile {
     fn eq(&self, other: &Self) -> bool {
+        if PANIC_IN_EQ.with(|p| p.get()) {
+            HASHES_PANICKED.fetch_add(1, Ordering::Relaxed);
+            panic!("hostile eq");
+        }
         for _ in 0..200 {
             std::hint::spin_loop();
         }
@@ -607,6 +617,7 @@ impl Hash for Hostile {
 #[test]
 fn a_panicking_hash_in_a_migration_racing_reader_copies() {
     let _serial = serial();
+    ARM_EQ.store(false, Ordering::Relaxed);
     let (panics, len_before, evicted, len_after) = panicking_hash_attack(4);
     assert!(panics > 100, "the race was not reached: {panics} panicking migrations");
     assert_eq!(len_after, 0, "len drifted: {len_after} after evicting everything");
@@ -621,10 +632,31 @@ fn a_panicking_hash_in_a_migration_racing_reader_copies() {
 #[test]
 fn control_a_panicking_hash_in_a_migration_without_readers() {
     let _serial = serial();
+    ARM_EQ.store(false, Ordering::Relaxed);
     let made = PANIC_COUNTS.made();
     let dropped = PANIC_COUNTS.dropped();
     let (panics, len_before, evicted, len_after) = panicking_hash_attack(0);
     assert!(panics > 100, "the race was not reached: {panics} panicking migrations");
+    assert_eq!(len_after, 0, "len drifted: {len_after} after evicting everything");
+    assert_eq!(evicted, len_before, "evicted vs len");
+    assert_eq!(
+        PANIC_COUNTS.made() - made,
+        PANIC_COUNTS.dropped() - dropped,
+        "keys made vs dropped"
+    );
+}
+
+/// Attack 5b: the same with the migrating thread's `Eq` panicking instead
+/// (in `place_copy`, comparing the successor's keys): same bury path.
+#[test]
+fn a_panicking_eq_in_a_migration_racing_reader_copies() {
+    let _serial = serial();
+    ARM_EQ.store(true, Ordering::Relaxed);
+    let made = PANIC_COUNTS.made();
+    let dropped = PANIC_COUNTS.dropped();
+    let (panics, len_before, evicted, len_after) = panicking_hash_attack(4);
+    ARM_EQ.store(false, Ordering::Relaxed);
+    assert!(panics >= 5, "the race was not reached: {panics} panicking migrations");
     assert_eq!(len_after, 0, "len drifted: {len_after} after evicting everything");
     assert_eq!(evicted, len_before, "evicted vs len");
     assert_eq!(
@@ -666,11 +698,16 @@ fn panicking_hash_attack(readers: u64) -> (usize, usize, usize, usize) {
                     for _ in 0..6 {
                         limiter.reset(&keys[(rng.next() % N) as usize]);
                     }
-                    PANIC_IN_HASH.with(|p| p.set(true));
+                    if ARM_EQ.load(Ordering::Relaxed) {
+                        PANIC_IN_EQ.with(|p| p.set(true));
+                    } else {
+                        PANIC_IN_HASH.with(|p| p.set(true));
+                    }
                     if catch_unwind(AssertUnwindSafe(|| limiter.evict_idle())).is_err() {
                         panics.fetch_add(1, Ordering::Relaxed);
                     }
                     PANIC_IN_HASH.with(|p| p.set(false));
+                    PANIC_IN_EQ.with(|p| p.set(false));
                     // Let the readers run (2 cores, 5 threads).
                     thread::sleep(Duration::from_micros(200));
                     if readers == 0 {
@@ -802,10 +839,10 @@ fn defect_a_bury_after_a_reader_copied_the_bucket_double_drops_its_key() {
 
 /// Defect A with keys that own heap memory: the double drop is a double
 /// free (use-after-free before it: the successor's copy points at freed
-/// memory once the old table is collected). Natively glibc may abort the
-/// whole test binary, hence ignored; run it under Miri:
-/// `MIRIFLAGS="-Zmiri-tree-borrows -Zmiri-ignore-leaks" cargo +nightly miri
-/// test --test attack_inline -- --ignored defect_a_heap`.
+/// memory once the old table is collected). Natively glibc aborts the whole
+/// test binary ("free(): double free detected in tcache 2", SIGABRT), hence
+/// ignored. (Miri cannot run it: `KeyedLimiter::builder` makes a
+/// `QuantaClock`, whose CPU detection is inline assembly.)
 #[test]
 #[ignore = "undefined behaviour: double free (aborts natively); run under Miri"]
 fn defect_a_heap_keys_are_freed_twice() {
