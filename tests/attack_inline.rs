@@ -1025,3 +1025,124 @@ fn exact_burst_for_thousands_of_keys_while_every_thread_grows_the_table() {
     assert!(wrong.is_empty(), "lost updates or duplicate buckets");
     assert_eq!(COUNTS.made(), COUNTS.dropped(), "keys made vs dropped");
 }
+
+// ---------------------------------------------------------------------------
+// Defect B: a copy placed twice. `place_copy` trusts `Eq` to recognise a
+// copy another thread placed; an `Eq` that is inconsistent (a logic error,
+// which std's maps contain without undefined behaviour) makes two threads
+// both place a copy of one frozen bucket: two live buckets for one key,
+// each owning the same key bytes.
+
+static LIAR_COUNTS: Counts = Counts::new();
+/// 0: idle; 1: the migrating thread froze LIAR_TARGET and is in its `Hash`;
+/// 2: the reader has copied LIAR_TARGET itself.
+static LIAR_STAGE: AtomicUsize = AtomicUsize::new(0);
+const LIAR_TARGET: u64 = 3;
+thread_local! {
+    /// On this thread `Eq` says no to everything (the migrating thread).
+    static LIES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn liar_wait_for(stage: usize) {
+    let start = std::time::Instant::now();
+    while LIAR_STAGE.load(Ordering::SeqCst) < stage {
+        assert!(start.elapsed() < Duration::from_secs(10), "stage {stage} never came");
+        thread::yield_now();
+    }
+}
+
+#[derive(Debug)]
+struct Liar {
+    id: u64,
+}
+impl Liar {
+    fn new(id: u64) -> Self {
+        LIAR_COUNTS.made.fetch_add(1, Ordering::SeqCst);
+        Liar { id }
+    }
+}
+impl Clone for Liar {
+    fn clone(&self) -> Self {
+        Liar::new(self.id)
+    }
+}
+impl Drop for Liar {
+    fn drop(&mut self) {
+        LIAR_COUNTS.dropped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+impl PartialEq for Liar {
+    fn eq(&self, other: &Self) -> bool {
+        !LIES.with(|l| l.get()) && self.id == other.id
+    }
+}
+impl Eq for Liar {}
+impl Hash for Liar {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        if self.id == LIAR_TARGET && LIES.with(|l| l.get()) {
+            // `migrate_slot` froze the target and hashes it: let the reader
+            // copy it first.
+            LIAR_STAGE.store(1, Ordering::SeqCst);
+            liar_wait_for(2);
+        }
+        0u64.hash(h);
+    }
+}
+
+/// Interleaving: the migrating thread C freezes the target (`migrate_slot`)
+/// and is held in its `Hash`; reader R's check meets the frozen bucket,
+/// copies it (`copy_frozen` → `place_copy` → New) and marks it COPIED; C
+/// goes on to `place_copy`, whose `Eq` does not recognise R's copy, and
+/// places a second one (New; its `mark_copied` fails silently). The
+/// successor then holds two live buckets for the target, both owning its
+/// key: `len` is one short (it wraps below 0 once both are evicted) and
+/// the key is dropped twice (a double free for a key with heap memory).
+/// With a consistent `Eq` this cannot happen; with an inconsistent one it
+/// must not be undefined behaviour (std's maps contain such logic errors).
+#[test]
+fn defect_b_an_inconsistent_eq_makes_two_copies_of_one_bucket() {
+    let _serial = serial();
+    LIAR_STAGE.store(0, Ordering::SeqCst);
+    let (len_before, evicted, len_end) = within(Duration::from_secs(60), "defect B", || {
+        let clock = ManualClock::new();
+        let limiter: KeyedLimiter<Liar, ManualClock> =
+            KeyedLimiter::builder("1/h burst 5".parse::<Quota>().unwrap())
+                .clock(clock.clone())
+                .hasher_seed(1)
+                .build();
+        for id in 0..8 {
+            assert!(limiter.check(&Liar::new(id)).is_allowed());
+        }
+        assert_eq!(limiter.capacity(), 16);
+        let len_before = limiter.len();
+        thread::scope(|s| {
+            s.spawn(|| {
+                liar_wait_for(1);
+                assert!(limiter.check(&Liar::new(LIAR_TARGET)).is_allowed());
+                LIAR_STAGE.store(2, Ordering::SeqCst);
+            });
+            LIES.with(|l| l.set(true));
+            let _ = limiter.check(&Liar::new(100));
+            LIES.with(|l| l.set(false));
+        });
+        assert!(limiter.capacity() > 16, "the migration did not finish");
+        clock.advance(Duration::from_secs(100 * 3600));
+        let evicted = limiter.evict_idle();
+        let len_end = limiter.len();
+        drop(limiter);
+        (len_before, evicted, len_end)
+    });
+    settle(&LIAR_COUNTS);
+    eprintln!(
+        "defect B replay: len before {len_before}, evict_idle evicted {evicted}, len then {len_end}; keys made {} dropped {}",
+        LIAR_COUNTS.made(),
+        LIAR_COUNTS.dropped()
+    );
+    assert!(
+        LIAR_COUNTS.dropped() <= LIAR_COUNTS.made(),
+        "a key was dropped twice: made {} dropped {}",
+        LIAR_COUNTS.made(),
+        LIAR_COUNTS.dropped()
+    );
+    assert_eq!(len_end, 0, "len drifted");
+}
