@@ -26,7 +26,9 @@ mod heap;
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+    let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    eprintln!("[heap live at test start: {} B]", heap::live());
+    guard
 }
 
 /// Runs `work` on its own thread; a hang fails the test after `limit`.
@@ -62,6 +64,19 @@ impl Rng {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     }
+}
+
+/// Checks made by a test's workers: the thread driving the clock waits for
+/// them between its steps, so the race happens even when the workers are
+/// slow to be scheduled (2 shared cores).
+static PROGRESS: AtomicU64 = AtomicU64::new(0);
+
+fn wait_progress(last: &mut u64, n: u64) {
+    let start = std::time::Instant::now();
+    while PROGRESS.load(Ordering::Relaxed) < *last + n && start.elapsed() < Duration::from_secs(2) {
+        thread::yield_now();
+    }
+    *last = PROGRESS.load(Ordering::Relaxed);
 }
 
 /// Made/dropped counters for one test's keys.
@@ -210,6 +225,7 @@ fn exact_burst_attack(
                             admitted[i].fetch_add(1, Ordering::Relaxed);
                         }
                     }
+                    PROGRESS.fetch_add(1, Ordering::Relaxed);
                 }
             });
         }
@@ -220,11 +236,14 @@ fn exact_burst_attack(
                 while !stop.load(Ordering::Relaxed) {
                     id += 1;
                     let _ = limiter.check_with(&Key::new(id, counts), fast);
+                    PROGRESS.fetch_add(1, Ordering::Relaxed);
                 }
             });
         }
         let mut capacity = limiter.capacity();
+        let mut last = PROGRESS.load(Ordering::Relaxed);
         for _ in 0..400 {
+            wait_progress(&mut last, 500);
             clock.advance(Duration::from_millis(5));
             limiter.evict_idle();
             migrations.saw(&mut capacity, limiter.capacity());
@@ -328,6 +347,7 @@ fn evict_fullest_at_small_max_keys_keeps_len_and_keys_exact() {
                         let key = Key::new(rng.next() % 1_000, &COUNTS);
                         let _ = limiter.check(&key);
                         CHECKS.fetch_add(1, Ordering::Relaxed);
+                        PROGRESS.fetch_add(1, Ordering::Relaxed);
                         if rng.next() % 16 == 0 {
                             let _ = limiter.reset(&key);
                         }
@@ -336,7 +356,9 @@ fn evict_fullest_at_small_max_keys_keeps_len_and_keys_exact() {
                 });
             }
             let mut capacity = limiter.capacity();
+            let mut last = PROGRESS.load(Ordering::Relaxed);
             for i in 0..300 {
+                wait_progress(&mut last, 500);
                 // Every 10th step the workers pause, so that evicting
                 // everything shrinks the table (and refilling grows it);
                 // the other steps race evict_idle against the inserts.
@@ -371,6 +393,8 @@ fn evict_fullest_at_small_max_keys_keeps_len_and_keys_exact() {
         )
     });
     settle(&COUNTS);
+    thread::sleep(Duration::from_millis(200));
+    eprintln!("[evict fullest: heap live after the limiter is dropped: {} B]", heap::live());
     eprintln!(
         "evict fullest: {} checks, overflow evictions {overflow}, max len seen {max_len}, capacity changes {migrations}, made {} dropped {}",
         CHECKS.load(Ordering::Relaxed),
@@ -415,6 +439,7 @@ fn refund_peek_reset_racing_migrations_stay_within_bounds() {
                             if limiter.check(&keys[i]).is_allowed() {
                                 admitted[i].fetch_add(1, Ordering::Relaxed);
                             }
+                            PROGRESS.fetch_add(1, Ordering::Relaxed);
                         }
                     });
                 }
@@ -446,11 +471,14 @@ fn refund_peek_reset_racing_migrations_stay_within_bounds() {
                         while !stop.load(Ordering::Relaxed) {
                             id += 1;
                             let _ = limiter.check_with(&Key::new(id, &COUNTS), fast);
+                            PROGRESS.fetch_add(1, Ordering::Relaxed);
                         }
                     });
                 }
                 let mut capacity = limiter.capacity();
+                let mut last = PROGRESS.load(Ordering::Relaxed);
                 for _ in 0..400 {
+                    wait_progress(&mut last, 500);
                     clock.advance(Duration::from_millis(5));
                     limiter.evict_idle();
                     for _ in 0..20 {
