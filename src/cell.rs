@@ -12,6 +12,8 @@
 //! 2^63 - 2                COPIED     frozen, and the bucket now lives in the successor table
 //! 2^63 - 1                TOMBSTONE  evicted or reset: no update lands again
 //! FROZEN bit (2^63) | any of the above: a migration froze the slot
+//! BUSY | FROZEN           COPYING    frozen, and one thread is copying it (a BUSY slot is
+//!                                    never frozen, so the word is free for this)
 //! ```
 //!
 //! So an algorithm's state must stay below [`STATE_END`] (`2^63 - 4`): a
@@ -41,7 +43,7 @@
 //! `Acquire` before they read the key ([`word`](Cell::word)). Later
 //! updates are read-modify-writes of the same atomic, which continue that
 //! release sequence, so an Acquire load that reads any later word sees the
-//! key too. [`mark_copied`](Cell::mark_copied) is `Release` for the same
+//! key too. [`finish_copy`](Cell::finish_copy) is `Release` for the same
 //! reason: a reader that sees COPIED goes on to read the successor's copy.
 
 use crate::algorithm::Algorithm;
@@ -57,6 +59,7 @@ const BUSY: u64 = STATE_END + 1;
 const COPIED: u64 = STATE_END + 2;
 const TOMBSTONE: u64 = STATE_END + 3;
 const FROZEN: u64 = 1 << 63;
+const COPYING: u64 = BUSY | FROZEN;
 
 const _: () = assert!(TOMBSTONE == FROZEN - 1);
 
@@ -73,6 +76,9 @@ pub(crate) enum Seen {
     Empty,
     /// Claimed by an insert that has not published its key yet.
     Busy,
+    /// Frozen, and being copied to the successor by the one thread that
+    /// won the right to (its key is published).
+    Copying,
     /// A live bucket with this state.
     Live(u64),
     /// The bucket moved to the successor table.
@@ -88,19 +94,13 @@ impl Seen {
         let frozen = word & FROZEN != 0;
         let seen = match word & !FROZEN {
             EMPTY => Seen::Empty,
+            BUSY if frozen => Seen::Copying,
             BUSY => Seen::Busy,
             COPIED => Seen::Copied,
             TOMBSTONE => Seen::Dead,
             live => Seen::Live(live - 1),
         };
         (seen, frozen)
-    }
-
-    /// Whether the slot holds a published key (which stays readable while
-    /// its table is reachable).
-    #[inline]
-    pub(crate) fn has_key(self) -> bool {
-        matches!(self, Seen::Live(_) | Seen::Copied | Seen::Dead)
     }
 }
 
@@ -361,21 +361,38 @@ impl Cell {
             .is_ok()
     }
 
-    /// Frozen live `state` → frozen COPIED: the bucket's copy in the
-    /// successor is published (its key included), so the successor owns
-    /// the key now. Release: a reader that sees COPIED reads the copy next.
-    /// Idempotent: every thread that saw the copy in place may call it.
-    pub(crate) fn mark_copied(&self, state: u64) {
-        let _ = self.word.compare_exchange(
-            live(state) | FROZEN,
-            COPIED | FROZEN,
-            Ordering::Release,
-            Ordering::Relaxed,
-        );
+    /// Frozen live `state` → COPYING: this thread, and no other, copies the
+    /// bucket to the successor. False if another thread won (or the bucket
+    /// was buried). Deciding the copier before anything is published is
+    /// what keeps one owner per key: no second copy can ever be placed.
+    pub(crate) fn start_copy(&self, state: u64) -> bool {
+        self.word
+            .compare_exchange(
+                live(state) | FROZEN,
+                COPYING,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_ok()
     }
 
-    /// Frozen live `state` → frozen TOMBSTONE: a bucket a migration could
-    /// not place (impossible by the sizing of successors; see `map::raw`).
+    /// COPYING → frozen COPIED: the copy in the successor is published (its
+    /// key included), so the successor owns the key now. Only the copier
+    /// writes a COPYING word, so this is a store. Release: a reader that
+    /// sees COPIED reads the copy next.
+    pub(crate) fn finish_copy(&self) {
+        self.word.store(COPIED | FROZEN, Ordering::Release);
+    }
+
+    /// COPYING → frozen TOMBSTONE: the copier found no room for the bucket
+    /// (impossible by the sizing of successors; see `map::raw`).
+    pub(crate) fn abandon_copy(&self) {
+        self.word.store(TOMBSTONE | FROZEN, Ordering::Relaxed);
+    }
+
+    /// Frozen live `state` → frozen TOMBSTONE: a bucket whose key's `Hash`
+    /// panicked while a migration held it frozen. False if a copier won it
+    /// first (which then owns its fate).
     pub(crate) fn kill_frozen(&self, state: u64) -> bool {
         self.word
             .compare_exchange(
@@ -446,7 +463,14 @@ mod tests {
         assert_eq!(cell.modify(|_| Some(7)), Err(Gone::Moved));
         let state = cell.state().unwrap();
         assert_eq!(state, 1_000_000_000);
-        cell.mark_copied(state);
+        assert!(cell.start_copy(state));
+        assert!(!cell.start_copy(state), "one copier");
+        assert_eq!(Seen::of(cell.word()), (Seen::Copying, true));
+        assert!(
+            !cell.kill_frozen(state),
+            "a bucket being copied is not buried"
+        );
+        cell.finish_copy();
         assert_eq!(Seen::of(cell.word()), (Seen::Copied, true));
         assert_eq!(cell.state(), Err(Gone::Moved));
     }
@@ -459,6 +483,7 @@ mod tests {
         let last = STATE_END - 1;
         assert_eq!(Seen::of(live(last) | FROZEN), (Seen::Live(last), true));
         assert_eq!(Seen::of(BUSY), (Seen::Busy, false));
+        assert_eq!(Seen::of(COPYING), (Seen::Copying, true));
         assert_eq!(Seen::of(COPIED | FROZEN), (Seen::Copied, true));
         assert_eq!(Seen::of(TOMBSTONE), (Seen::Dead, false));
     }

@@ -63,12 +63,15 @@ pub static UPDATE_MET_FROZEN: Probe = Probe::new();
 /// A lookup or insert met its own key frozen and not yet copied, and copied
 /// it into the successor itself (the migration's claimer had not yet).
 pub static COPIED_BY_READER: Probe = Probe::new();
-/// A copy found its key already in the successor (another thread copied it
-/// first), and placed nothing.
-pub static COPY_FOUND_IN_PLACE: Probe = Probe::new();
-/// A thread met a slot claimed by an insert still writing its key, and
-/// waited for it.
+/// A thread that would have copied a frozen bucket found another thread
+/// copying it (it won the CAS to COPYING first), and waited for its copy.
+pub static COPY_WON_BY_ANOTHER: Probe = Probe::new();
+/// A thread met a slot claimed by an insert still writing its key, or a
+/// bucket being copied, and waited for it.
 pub static WAITED_FOR_BUSY_SLOT: Probe = Probe::new();
+/// A migration's chunk met a slot claimed by an insert still writing its
+/// key, and waited for it before freezing and copying it.
+pub static MIGRATION_WAITED_FOR_INSERT: Probe = Probe::new();
 /// A migration retired its old table (the root swung past it) and handed
 /// it to the epoch.
 pub static TABLE_RETIRED: Probe = Probe::new();

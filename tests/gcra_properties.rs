@@ -666,7 +666,8 @@ fn measure_f64_disagreement() {
                         .ok()?
                         .burst(burst)
                         .ok()?;
-                    turnstile::__private::period_nanos(&q).is_multiple_of(count)
+                    turnstile::__private::period_nanos(&q)
+                        .is_multiple_of(count)
                         .then(|| (q, count as f64 / secs as f64))
                 })
                 .prop_flat_map(move |(q, rate)| {

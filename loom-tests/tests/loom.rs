@@ -187,8 +187,8 @@ fn update_races_growth() {
     );
     reached(
         since,
-        &probe::COPY_FOUND_IN_PLACE,
-        "a copy finding its key already copied by the other thread",
+        &probe::COPY_WON_BY_ANOTHER,
+        "a copier finding the other thread copying the bucket, and waiting",
     );
 }
 
@@ -261,7 +261,9 @@ fn shrink_races_insert() {
 
 /// (g) Two new keys inserted while a migration starts: the thread going on
 /// to the successor freezes the empty slot it passes, so no key can land in
-/// the old table behind it.
+/// the old table behind it; and a key still being inserted into the old
+/// table (its slot claimed, its key not yet published) is waited for by the
+/// migration that copies it, never copied half-written or twice.
 #[test]
 fn two_inserts_race_migration_start() {
     let since = model(|| {
@@ -281,6 +283,11 @@ fn two_inserts_race_migration_start() {
         "an insert freezing an empty slot on its way to the successor",
     );
     reached(since, &probe::CONCURRENT_ADMITS, "two new keys at once");
+    reached(
+        since,
+        &probe::MIGRATION_WAITED_FOR_INSERT,
+        "a migration waiting for an insert to publish the key it copies",
+    );
 }
 
 /// (h) Overflow eviction racing an update of its victim, at `max_keys`: the

@@ -178,8 +178,9 @@ impl<K> Slot<K> {
     /// Whether this slot's key is `key`.
     ///
     /// # Safety
-    /// The caller read a word that has a key ([`Seen::has_key`]) through
-    /// [`Cell::word`], and holds a guard that keeps this slot's table alive.
+    /// The caller read a word that has a published key (live, copying,
+    /// copied or dead) through [`Cell::word`], and holds a guard that keeps
+    /// this slot's table alive.
     #[inline]
     unsafe fn key_is<Q>(&self, key: &Q) -> bool
     where
@@ -190,20 +191,6 @@ impl<K> Slot<K> {
         // contract), and lives as long as the table.
         self.key
             .with(|k| unsafe { (*k).assume_init_ref() }.borrow() == key)
-    }
-
-    /// Whether this slot and `other` hold equal keys.
-    ///
-    /// # Safety
-    /// As [`key_is`](Slot::key_is), for both slots.
-    unsafe fn same_key(&self, other: &Slot<K>) -> bool
-    where
-        K: Eq,
-    {
-        // SAFETY: the caller's contract, for `other`, then for `self`.
-        other
-            .key
-            .with(|o| unsafe { self.key_is::<K>((*o).assume_init_ref()) })
     }
 
     /// This slot's key hashed with `hasher`.
@@ -414,17 +401,6 @@ enum Moved {
     Dropped,
 }
 
-/// Where a copy went.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Placed {
-    /// Into a slot this call filled.
-    New,
-    /// Nowhere: the key was in the successor already.
-    Found,
-    /// Nowhere: no free slot (impossible by the sizing of successors).
-    NoRoom,
-}
-
 /// The map's shared state. All methods take a `Guard` pinned on the map's
 /// collector (the safe front, `super::Map`, makes sure of that).
 pub(crate) struct RawMap<K> {
@@ -533,23 +509,28 @@ impl<K: Hash + Eq> RawMap<K> {
             // and retired only through the epoch, which `guard` holds off.
             let t = unsafe { table.deref() };
             let mut index = hash as usize & t.mask;
-            for _ in 0..t.capacity() {
+            let mut probed = 0;
+            while probed < t.capacity() {
                 let slot = &t.slots[index];
                 match Seen::of(slot.cell.word()) {
                     (Seen::Empty, _) => break,
-                    // SAFETY: a live word has a published key, read through
-                    // `word`; `guard` keeps the table alive.
-                    (Seen::Live(_), frozen) if unsafe { slot.key_is(key) } => {
+                    // SAFETY: a live or copying word has a published key,
+                    // read through `word`; `guard` keeps the table alive.
+                    (Seen::Live(_) | Seen::Copying, frozen) if unsafe { slot.key_is(key) } => {
                         if !frozen {
                             return Some(slot);
                         }
+                        // On its way to the successor: see it there, then
+                        // look at this slot again (COPIED now).
                         self.copy_frozen(t, slot, hash, guard);
+                        continue;
                     }
                     // BUSY: not published, so not there yet. COPIED: in the
                     // successor. Dead: absent (a live one may follow).
                     _ => {}
                 }
                 index = (index + 1) & t.mask;
+                probed += 1;
             }
             // Not in this table: a key inserted or copied during a
             // migration is in the successor.
@@ -653,12 +634,14 @@ impl<K: Hash + Eq> RawMap<K> {
                         continue;
                     }
                     // SAFETY: as in `find`.
-                    (Seen::Live(_), frozen) if unsafe { slot.key_is(key) } => {
+                    (Seen::Live(_) | Seen::Copying, frozen) if unsafe { slot.key_is(key) } => {
                         if !frozen {
                             return (slot, false);
                         }
-                        // Copied now; found further on, in the successor.
+                        // On its way to the successor, where it is found:
+                        // see it there, then look at this slot again.
                         self.copy_frozen(t, slot, hash, guard);
+                        continue;
                     }
                     _ => {}
                 }
@@ -669,47 +652,78 @@ impl<K: Hash + Eq> RawMap<K> {
         }
     }
 
-    /// Copies the frozen bucket in `slot` (of `table`, whose key hashes to
-    /// `hash`) into the successor, unless it is there already, and marks
-    /// it COPIED. Any thread may call it, any number of times: what one
-    /// bucket needs to be found again by the check that met it frozen.
+    /// Sees the frozen bucket in `slot` (of `table`, whose key hashes to
+    /// `hash`) into the successor: copies it there if no thread has started
+    /// to, or waits for the thread that has. Any thread may call it: what a
+    /// check that met its bucket frozen does before it looks again.
     #[cold]
     fn copy_frozen(&self, table: &Table<K>, slot: &Slot<K>, hash: u64, guard: &Guard) {
-        let (Seen::Live(state), true) = Seen::of(slot.cell.word()) else {
-            // Copied (or buried) by someone else since the caller looked.
-            return;
-        };
-        // A live slot is frozen only by a migration's chunk, after the
-        // successor is installed, and `next` is never reset.
-        let next = table.next.load(Ordering::Acquire, guard);
-        debug_assert!(
-            !next.is_null(),
-            "a frozen bucket in a table with no successor"
-        );
-        // SAFETY: checked non-null; the successor is retired only through
-        // the epoch, which `guard` holds off.
-        let Some(next) = (unsafe { next.as_ref() }) else {
-            return;
-        };
-        // SAFETY: the slot's word is live: its key is published, and
-        // `guard` keeps both tables alive.
-        match unsafe { next.place_copy(slot, state, hash) } {
-            Placed::New => {
-                #[cfg(turnstile_loom)]
-                crate::probe::hit(&crate::probe::COPIED_BY_READER);
-                slot.cell.mark_copied(state);
+        match Seen::of(slot.cell.word()) {
+            (Seen::Live(state), true) => {
+                // A live slot is frozen only by a migration's chunk, after
+                // the successor is installed, and `next` is never reset.
+                let next = table.next.load(Ordering::Acquire, guard);
+                debug_assert!(
+                    !next.is_null(),
+                    "a frozen bucket in a table with no successor"
+                );
+                // SAFETY: checked non-null; the successor is retired only
+                // through the epoch, which `guard` holds off.
+                if let Some(next) = unsafe { next.as_ref() } {
+                    if self.move_bucket(slot, next, state, hash) {
+                        #[cfg(turnstile_loom)]
+                        crate::probe::hit(&crate::probe::COPIED_BY_READER);
+                    }
+                }
             }
-            Placed::Found => slot.cell.mark_copied(state),
-            Placed::NoRoom => {
-                debug_assert!(false, "a copy found its successor full");
-                self.bury(slot, state);
-            }
+            (Seen::Copying, _) => Self::wait_for_copy(slot),
+            // Copied or buried since the caller looked.
+            _ => {}
         }
     }
 
-    /// Kills a frozen bucket that could not be placed (impossible by the
-    /// sizing argument, but a lost bucket is a better failure than a hang,
-    /// and a panicking `Hash` or `Eq` ends here too).
+    /// Moves the frozen live bucket in `slot` (state `state`, key hash
+    /// `hash`) to `next`, if this thread wins the right to: one CAS to
+    /// COPYING decides the one copier before anything is published, so a
+    /// key never has two owners and no second copy is ever placed, however
+    /// its `Eq` behaves. The winner places the copy and marks the slot
+    /// COPIED, with no code of the key's in between; a loser waits for that
+    /// mark. Returns whether this call copied it.
+    fn move_bucket(&self, slot: &Slot<K>, next: &Table<K>, state: u64, hash: u64) -> bool {
+        if !slot.cell.start_copy(state) {
+            #[cfg(turnstile_loom)]
+            crate::probe::hit(&crate::probe::COPY_WON_BY_ANOTHER);
+            Self::wait_for_copy(slot);
+            return false;
+        }
+        // SAFETY: the word was live before this thread froze or won it: the
+        // key is published; the caller's guard keeps both tables alive.
+        if unsafe { next.place_copy(slot, state, hash) } {
+            slot.cell.finish_copy();
+        } else {
+            // No room: impossible by the sizing argument, but a lost bucket
+            // is a better failure than a hang.
+            debug_assert!(false, "a copy found its successor full");
+            slot.cell.abandon_copy();
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    /// Waits while another thread copies the bucket in `slot` (a few steps
+    /// with no code of the key's: see `move_bucket`).
+    fn wait_for_copy(slot: &Slot<K>) {
+        let mut waited = 0;
+        while Seen::of(slot.cell.word()).0 == Seen::Copying {
+            #[cfg(turnstile_loom)]
+            crate::probe::hit(&crate::probe::WAITED_FOR_BUSY_SLOT);
+            wait_briefly(&mut waited);
+        }
+    }
+
+    /// Kills a frozen bucket whose key's `Hash` panicked while a migration
+    /// held it (unless a copier took it first): the bucket is lost, as if
+    /// evicted, and the migration can still end.
     #[cold]
     fn bury(&self, slot: &Slot<K>, state: u64) {
         if slot.cell.kill_frozen(state) {
@@ -960,7 +974,7 @@ impl<K: Hash + Eq> RawMap<K> {
                 }
                 (Seen::Busy, _) => {
                     #[cfg(turnstile_loom)]
-                    crate::probe::hit(&crate::probe::WAITED_FOR_BUSY_SLOT);
+                    crate::probe::hit(&crate::probe::MIGRATION_WAITED_FOR_INSERT);
                     wait_briefly(&mut waited);
                 }
                 (Seen::Live(state), false) => {
@@ -983,27 +997,23 @@ impl<K: Hash + Eq> RawMap<K> {
                         };
                     }
                 }
-                (Seen::Live(_) | Seen::Copied | Seen::Dead, true) => {
+                (Seen::Live(_) | Seen::Copying | Seen::Copied | Seen::Dead, true) => {
                     debug_assert!(false, "a filled slot frozen by another thread");
                     return Moved::Dropped;
                 }
-                (Seen::Copied, false) => unreachable!("COPIED is always frozen"),
+                (Seen::Copied | Seen::Copying, false) => {
+                    unreachable!("COPIED and COPYING are frozen")
+                }
             }
         };
         // SAFETY: the word was live: the key is published; `guard` (the
         // caller's) keeps both tables alive.
         let hash = unsafe { slot.hash_with(&self.hasher) };
-        // SAFETY: as above.
-        match unsafe { next.place_copy(slot, state, hash) } {
-            Placed::New | Placed::Found => {
-                slot.cell.mark_copied(state);
-                Moved::Copied
-            }
-            Placed::NoRoom => {
-                debug_assert!(false, "a migration found its successor full");
-                self.bury(slot, state);
-                Moved::Dropped
-            }
+        // A reader that met the bucket frozen may have copied it already.
+        self.move_bucket(slot, next, state, hash);
+        match Seen::of(slot.cell.word()).0 {
+            Seen::Copied => Moved::Copied,
+            _ => Moved::Dropped,
         }
     }
 
@@ -1132,15 +1142,15 @@ impl<K: Hash + Eq> RawMap<K> {
     }
 }
 
-impl<K: Eq> Table<K> {
+impl<K> Table<K> {
     /// Puts a copy of the frozen bucket in `from` (state `state`, key hash
-    /// `hash`) into this (not yet migrating) table, unless a slot of its
-    /// chain holds the key already: then another thread copied it first.
-    ///
-    /// No other bucket for the key can be in this table: an insert puts a
-    /// key here only after finding it absent or dead in the old table, and
-    /// the frozen bucket was live there. So "the key is here" means "the
-    /// copy is here", dead or alive (a copy evicted since must stay dead).
+    /// `hash`) into the first free slot of its chain in this (not yet
+    /// migrating) table; false if there is none, which the sizing of
+    /// successors rules out. The caller won the right to copy it
+    /// (`Cell::start_copy`), so no other copy exists; and no other bucket
+    /// for the key can be here: an insert puts a key here only after
+    /// finding it absent or dead in the old table, where this bucket was
+    /// live. So the chain's keys need no comparing.
     ///
     /// Bounded: one pass over the table, each slot looked at again only
     /// while another thread fills or publishes it.
@@ -1148,7 +1158,7 @@ impl<K: Eq> Table<K> {
     /// # Safety
     /// `from` holds a published key (its word was live), and the caller's
     /// guard keeps both tables alive.
-    unsafe fn place_copy(&self, from: &Slot<K>, state: u64, hash: u64) -> Placed {
+    unsafe fn place_copy(&self, from: &Slot<K>, state: u64, hash: u64) -> bool {
         let mut index = hash as usize & self.mask;
         let mut probed = 0;
         let mut waited = 0;
@@ -1162,30 +1172,25 @@ impl<K: Eq> Table<K> {
                         unsafe { slot.copy_key(from) };
                         slot.cell.publish(state);
                         self.counters.occupied.fetch_add(1, Ordering::Relaxed);
-                        return Placed::New;
+                        return true;
                     }
                     continue;
                 }
-                (Seen::Empty, true) => return Placed::NoRoom,
+                (Seen::Empty, true) => return false,
+                // Its key is not yet known; the slot may end up free again
+                // for no one, but it is filled within a few steps.
                 (Seen::Busy, _) => {
                     #[cfg(turnstile_loom)]
                     crate::probe::hit(&crate::probe::WAITED_FOR_BUSY_SLOT);
                     wait_briefly(&mut waited);
                     continue;
                 }
-                // SAFETY: a word with a key, read through `word`; `from`
-                // is the caller's contract.
-                (seen, _) if seen.has_key() && unsafe { slot.same_key(from) } => {
-                    #[cfg(turnstile_loom)]
-                    crate::probe::hit(&crate::probe::COPY_FOUND_IN_PLACE);
-                    return Placed::Found;
-                }
                 _ => {}
             }
             index = (index + 1) & self.mask;
             probed += 1;
         }
-        Placed::NoRoom
+        false
     }
 }
 
