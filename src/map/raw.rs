@@ -1054,11 +1054,11 @@ impl<K: Hash + Eq> RawMap<K> {
     /// read in place: no key is touched.
     ///
     /// The scan of each table is a window of `4 * sample` slots from the
-    /// key's home, doubled on each `attempt` of the caller's: at `max_keys`
-    /// a table has at most about six slots per live key (`capacity_for`),
-    /// so a few cache lines hold the sample, and the new key's own probe
-    /// then starts on lines this scan brought in. A table smaller than the
-    /// window is scanned whole.
+    /// key's home, doubled on each `attempt` of the caller's, and goes past
+    /// it only until two candidates are found: at `max_keys` a table has
+    /// at most about six slots per live key (`capacity_for`), so a few
+    /// cache lines hold the sample, and the new key's own probe then starts
+    /// on lines this scan brought in.
     ///
     /// On success the evicted key's place in `len` passes to the caller,
     /// who holds it as a reservation: `len` does not change, and no other
@@ -1089,13 +1089,16 @@ impl<K: Hash + Eq> RawMap<K> {
             // SAFETY: as in `find`.
             let t = unsafe { table.deref() };
             let start = hash as usize;
-            let scan = t.capacity().min(window);
             // The window's lines are independent loads: ask for them all
             // at once, so their misses overlap instead of queueing.
-            for offset in (0..scan).step_by(slots_per_line::<K>()) {
+            for offset in (0..t.capacity().min(window)).step_by(slots_per_line::<K>()) {
                 prefetch(std::ptr::from_ref(&t.slots[(start + offset) & t.mask]).cast());
             }
-            for offset in 0..scan {
+            for offset in 0..t.capacity() {
+                // Past the window only until two candidates are in hand.
+                if offset >= window && seen >= 2 {
+                    break;
+                }
                 let slot = &t.slots[(start + offset) & t.mask];
                 let (Seen::Live(state), false) = Seen::of(slot.cell.word()) else {
                     continue;
