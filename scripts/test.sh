@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every check turnstile has, in the order a reviewer would want them to fail:
-# formatting, lints, unit/integration/doc tests, loom models, Miri,
-# sanitizers, fuzzing.
+# formatting, the minimum Rust version, lints, unit/integration/doc tests,
+# loom models, Miri, sanitizers, fuzzing.
 # Installs what a fresh machine lacks: toolchain components (rustfmt,
 # clippy, miri, rust-src), cargo-fuzz, and redis-server (apt-get) for the
 # Redis tests, which start their own servers on free loopback ports.
@@ -26,6 +26,9 @@ redis-server --version
 step "cargo fmt --check"
 cargo fmt --all -- --check
 (cd fuzz && cargo fmt -- --check)
+
+step "the declared minimum Rust version is the locked tree's (scripts/msrv.sh)"
+scripts/msrv.sh
 
 # Default features and every feature: code behind a feature gate must not
 # break the build without it, and the tower/tokio code is linted too.

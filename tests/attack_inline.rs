@@ -354,7 +354,7 @@ fn evict_fullest_at_small_max_keys_keeps_len_and_keys_exact() {
                         let _ = limiter.check(&key);
                         CHECKS.fetch_add(1, Ordering::Relaxed);
                         PROGRESS.fetch_add(1, Ordering::Relaxed);
-                        if rng.next() % 16 == 0 {
+                        if rng.next().is_multiple_of(16) {
                             let _ = limiter.reset(&key);
                         }
                         max_len.fetch_max(limiter.len(), Ordering::Relaxed);
@@ -474,7 +474,7 @@ fn refund_peek_reset_racing_migrations_stay_within_bounds() {
                             let i = (rng.next() % N) as usize;
                             let _ = limiter.peek(&keys[i]);
                             // Keys 0..4 are refunded, 4..8 reset; rarely.
-                            if rng.next() % 64 == 0 {
+                            if rng.next().is_multiple_of(64) {
                                 if i < 4 {
                                     if limiter.refund(&keys[i], 1).unwrap() {
                                         refunds[i].fetch_add(1, Ordering::Relaxed);

@@ -99,6 +99,10 @@ pub struct FixedWindow {
 }
 
 impl FixedWindow {
+    /// The largest limit a fixed window holds: 16,777,211 requests per
+    /// window (the count has 24 bits, a few values reserved).
+    pub const MAX_LIMIT: u64 = MAX_LIMIT;
+
     /// A fixed window of `quota.period()` admitting `quota.count()` requests
     /// (the burst does not apply to windows).
     ///

@@ -1,4 +1,5 @@
-//! The seeds' other algorithms, behind the same [`Decision`](crate::Decision).
+//! The classic alternatives to GCRA (fixed window, sliding-window counter,
+//! sliding log), behind the same [`Decision`](crate::Decision).
 //!
 //! GCRA ([`Gcra`](crate::Gcra)) is the default and the one to pick unless
 //! you have a reason not to. These are here for comparison, and for users

@@ -150,6 +150,10 @@ struct Position {
 }
 
 impl SlidingWindow {
+    /// The largest limit a sliding-window counter holds: 65,534 requests
+    /// per window (each count has 16 bits, one value reserved).
+    pub const MAX_LIMIT: u64 = MAX_LIMIT;
+
     /// A sliding window of `quota.period()` admitting `quota.count()`
     /// requests (the burst does not apply to windows).
     ///

@@ -51,13 +51,6 @@ const KEYED_INTERVAL: Duration = Duration::from_secs(3600);
 /// allocates them one by one a prefetch-friendly walk).
 const WALK_STRIDE: u64 = 654_321;
 
-/// The fixed window's largest limit (24-bit count, one value reserved).
-const FIXED_WINDOW_MAX_LIMIT: u64 = 16_777_214;
-
-/// The sliding-window counter's largest limit (16-bit counts, one value
-/// reserved).
-const SLIDING_WINDOW_MAX_LIMIT: u64 = 65_534;
-
 /// Flags of `turnstile latency` (and of `turnstile` without a subcommand).
 #[derive(Debug, Args)]
 pub(crate) struct LatencyArgs {
@@ -170,8 +163,8 @@ impl Bench {
     fn quota_count(self, checks: u64) -> u64 {
         let count = checks.max(MIN_QUOTA_COUNT);
         match self {
-            Bench::FixedWindow => count.min(FIXED_WINDOW_MAX_LIMIT),
-            Bench::SlidingWindow => count.min(SLIDING_WINDOW_MAX_LIMIT),
+            Bench::FixedWindow => count.min(FixedWindow::MAX_LIMIT),
+            Bench::SlidingWindow => count.min(SlidingWindow::MAX_LIMIT),
             _ => count,
         }
     }

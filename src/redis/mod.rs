@@ -3,8 +3,9 @@
 //!
 //! If each of 20 gateways counts alone, a user spread across them gets 20
 //! times the limit; so the state lives in Redis and every check updates it
-//! atomically, with one Lua script. A check is one round trip (P50 about
-//! 30 µs, P99 about 70 µs on loopback; see the README), wrapped in:
+//! atomically, with one Lua script. A check is one round trip (tens of
+//! microseconds on loopback: the README has the measured figures), wrapped
+//! in:
 //!
 //! - **a timeout** (default [`DEFAULT_TIMEOUT`], configurable): a slow Redis
 //!   costs at most that;
@@ -102,7 +103,8 @@
 //! # Time
 //!
 //! By default the script reads the server's `TIME`, so gateways' clocks
-//! never matter (the seeds name skew as a risk). [`TimeSource::Client`]
+//! never matter (clock skew between gateways is the classic failure of a
+//! shared limit that each gateway timestamps itself). [`TimeSource::Client`]
 //! passes a client clock instead: for tests and simulations on a
 //! [`ManualClock`](crate::ManualClock), or for a fleet that trusts its
 //! clocks; every gateway must then share one time scale, and the keys'

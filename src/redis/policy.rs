@@ -1,8 +1,8 @@
 //! What a check answers when Redis cannot: the user's choice.
 //!
-//! The seeds name the choice: failing open protects availability, failing
-//! closed suits sensitive endpoints such as login, and "a common compromise
-//! is a local in-memory limiter as a fallback". The policy decides a
+//! The usual trade-off: failing open protects availability, failing closed
+//! suits sensitive endpoints such as login, and a common compromise is a
+//! local in-memory limiter as a fallback. The policy decides a
 //! request when the Redis call failed, timed out, or was not made because
 //! the circuit breaker is open; [`MetricsSnapshot::fallback_decisions`]
 //! counts how often.
