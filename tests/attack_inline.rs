@@ -13,7 +13,6 @@
 use std::hash::{Hash, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc;
 use std::sync::Mutex;
 use std::thread;
 use std::time::Duration;
@@ -21,6 +20,9 @@ use std::time::Duration;
 use turnstile::__private::HasherSeed as _;
 use turnstile::{KeyedLimiter, ManualClock, OverflowPolicy, Quota};
 
+#[path = "support/within.rs"]
+mod within;
+use within::within;
 #[path = "support/heap.rs"]
 mod heap;
 
@@ -30,30 +32,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     eprintln!("[heap live at test start: {} B]", heap::live());
     guard
-}
-
-/// Runs `work` on its own thread; a hang fails the test after `limit`.
-fn within<T: Send + 'static>(
-    limit: Duration,
-    what: &str,
-    work: impl FnOnce() -> T + Send + 'static,
-) -> T {
-    let (done, finished) = mpsc::channel();
-    let worker = thread::spawn(move || {
-        let result = work();
-        let _ = done.send(());
-        result
-    });
-    match finished.recv_timeout(limit) {
-        Ok(()) => worker.join().unwrap(),
-        Err(mpsc::RecvTimeoutError::Disconnected) => match worker.join() {
-            Err(panic) => std::panic::resume_unwind(panic),
-            Ok(_) => unreachable!(),
-        },
-        Err(mpsc::RecvTimeoutError::Timeout) => {
-            panic!("{what} did not finish within {limit:?}: hung")
-        }
-    }
 }
 
 struct Rng(u64);

@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 
 use turnstile::{Clock, KeyedLimiter, ManualClock, OverflowPolicy, Quota};
 
+#[path = "support/within.rs"]
+mod within;
+use within::within;
 #[path = "support/heap.rs"]
 mod heap;
 
@@ -24,34 +27,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Runs `work` on its own thread and fails if it has not returned within
-/// `limit`: a hang becomes a test failure, not a stuck CI run.
-fn within<T: Send + 'static>(
-    limit: Duration,
-    what: &str,
-    work: impl FnOnce() -> T + Send + 'static,
-) -> T {
-    let (done, finished) = mpsc::channel();
-    let worker = thread::spawn(move || {
-        let result = work();
-        let _ = done.send(());
-        result
-    });
-    match finished.recv_timeout(limit) {
-        Ok(()) => worker.join().unwrap(),
-        Err(mpsc::RecvTimeoutError::Disconnected) => {
-            // The worker panicked: surface its panic.
-            match worker.join() {
-                Err(panic) => std::panic::resume_unwind(panic),
-                Ok(_) => unreachable!("the worker returned without reporting"),
-            }
-        }
-        Err(mpsc::RecvTimeoutError::Timeout) => {
-            panic!("{what} did not finish within {limit:?}: hung")
-        }
-    }
 }
 
 /// Defect 1, replayed deterministically: a shrinking migration is sized for
