@@ -889,7 +889,10 @@ impl Hash for Gate {
     }
 }
 
-/// Interleaving (src/map/raw.rs): the migrating thread C freezes TARGET's
+/// The interleaving this replays, as it was before the fix (one copier,
+/// chosen by a CAS to COPYING, now decides a bucket's fate before anything
+/// is published, so C's bury and R's copy can no longer both happen): the
+/// migrating thread C freezes TARGET's
 /// slot (`migrate_slot`), and its `Hash` of the key panics; before C's
 /// handler in `migrate_chunk` buries the slot, reader R's `find` meets the
 /// frozen bucket and `copy_frozen` reads its live word; C buries it
@@ -1168,7 +1171,9 @@ impl Hash for Liar {
     }
 }
 
-/// Interleaving: the migrating thread C freezes the target (`migrate_slot`)
+/// The interleaving this replays, as it was before the fix (copies now
+/// compare no keys, and only the thread that won COPYING places one): the
+/// migrating thread C freezes the target (`migrate_slot`)
 /// and is held in its `Hash`; reader R's check meets the frozen bucket,
 /// copies it (`copy_frozen` → `place_copy` → New) and marks it COPIED; C
 /// goes on to `place_copy`, whose `Eq` does not recognise R's copy, and

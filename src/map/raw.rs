@@ -17,11 +17,12 @@
 //! made on the old copy is lost. So a migration *freezes* a cell before it
 //! copies it: one CAS sets the word's FROZEN bit, which makes every later
 //! update, claim or insert CAS on it fail (see `crate::cell`). A check that
-//! meets a frozen cell copies it into the successor itself if the
-//! migration has not yet (copying is idempotent: a copy first looks for
-//! its key in the successor), and retries there. This is Cliff Click's
-//! non-blocking hash table protocol, with the frozen word in the role of
-//! his boxed "prime" value.
+//! meets a frozen cell copies it into the successor itself if no thread has
+//! started to (or waits for the one that has), and retries there. Who
+//! copies is decided by one CAS to COPYING before anything is published,
+//! so there is never a second copy and a key never has two owners. This
+//! is Cliff Click's non-blocking hash table protocol, with the frozen word
+//! in the role of his boxed "prime" value.
 //!
 //! # Slots
 //!
@@ -30,28 +31,31 @@
 //! slot only moves forward through it:
 //!
 //! ```text
-//! EMPTY ──claim──▶ BUSY ──publish──▶ live ──claim──▶ TOMBSTONE
-//!   │                                  │                 │
-//!   └─freeze─▶ EMPTY|FROZEN            └─freeze─▶ live|FROZEN ──copy──▶ COPIED|FROZEN
-//!              (never filled)                                (└─▶ TOMBSTONE|FROZEN if it
-//!                                                                 could not be placed)
+//! EMPTY ──claim──▶ BUSY ──publish──▶ live ──claim──▶ TOMBSTONE ──freeze──▶ TOMBSTONE|FROZEN
+//!   │                                  │
+//!   └─freeze─▶ EMPTY|FROZEN            └─freeze─▶ live|FROZEN ──win──▶ COPYING ──placed──▶ COPIED|FROZEN
+//!              (never filled)                         │
+//!                                                     └─▶ TOMBSTONE|FROZEN (its key's Hash
+//!                                                         panicked; or no room, which the
+//!                                                         sizing rules out)
 //! ```
 //!
 //! - **BUSY** lasts a few instructions: the claimer has already built its
 //!   key, so it only moves it into the slot and publishes the word. A
 //!   lookup passes over a BUSY slot (a key not yet published is not yet
 //!   there); an insert, a copy and a migration wait for it to be published,
-//!   because it may hold their key.
+//!   because it may hold their key. **COPYING** likewise lasts a few steps
+//!   with no code of the key's: a thread that meets it waits for COPIED.
 //! - **Probe chains.** A slot never becomes EMPTY again, and inserts only
 //!   fill the first EMPTY slot of a key's probe sequence. So if a probe
 //!   from a key's home reaches an EMPTY slot without meeting the key, the
 //!   key is not in this table.
 //! - **One live bucket per key.** An insert publishes a key only after
 //!   probing its whole chain in every table (old before new) without
-//!   finding it live; a copy publishes it only if no slot of the
-//!   successor's chain holds it yet; and an insert that goes on to the
-//!   successor freezes the EMPTY slot that ended its chain, so no insert
-//!   of the same key can land behind it in the old table.
+//!   finding it live; a bucket is copied once, by the thread that won its
+//!   COPYING; and an insert that goes on to the successor freezes the
+//!   EMPTY slot that ended its chain, so no insert of the same key can land
+//!   behind it in the old table.
 //!
 //! # Keys and memory
 //!
