@@ -818,7 +818,7 @@ impl<K: Hash + Eq> RawMap<K> {
     }
 
     /// Starts a migration of the root if a quarter of it is dead weight
-    /// (dead nodes) or it is four times larger than the live keys need, so
+    /// (dead buckets) or it is four times larger than the live keys need, so
     /// memory follows the live keys down as well as up.
     pub(crate) fn compact_if_sparse(&self, guard: &Guard) {
         let root = self.root.load(Ordering::Acquire, guard);
