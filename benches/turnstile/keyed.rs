@@ -29,8 +29,8 @@
 //!   through `Borrow`, governor only takes `&String`): uniform. Every
 //!   subject checks each key once first (so every bucket exists before
 //!   timing), then the timed loop walks a shuffled copy of the keys, so the
-//!   access order is not the insertion order (which would hand turnstile's
-//!   map that allocates entries one by one a prefetch-friendly walk).
+//!   access order is not the insertion order (which would hand a
+//!   map that allocates its entries one by one a prefetch-friendly walk).
 //! - `u64 zipf(1.0) over 1000000 keys`: every key is inserted first, then
 //!   the walk is 1,000,000 draws from Zipf(s = 1) over the keys (rank `r`
 //!   drawn with probability proportional to `1/r`; the hottest key takes
