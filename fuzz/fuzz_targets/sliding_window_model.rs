@@ -33,8 +33,8 @@ struct Input {
     ops: Vec<(Time, u16)>,
 }
 
-/// The documented window-index bits: 2^32 windows, then every request is denied.
-const INDEX_END: u128 = 1 << 32;
+/// The documented window-index bits: 2^31 windows, then every request is denied.
+const INDEX_END: u128 = 1 << 31;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct State {
