@@ -34,15 +34,18 @@ use std::fmt::Write as _;
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
-use turnstile::reference::SeedTokenBucket;
 use turnstile::{KeyedLimiter, Quota};
+use turnstile_test_kit::reference::SeedTokenBucket;
 
-#[path = "../tests/support/heap.rs"]
-mod heap;
+use turnstile_test_kit::heap;
+
+/// The kit's counting allocator: heap bytes held, and a pause at one allocation.
+#[global_allocator]
+static HEAP: heap::Counting = heap::Counting;
+
 use heap::{live, mib};
-#[path = "../tests/support/keys.rs"]
-mod keys;
 use keys::SplitMix;
+use turnstile_test_kit::keys;
 
 const KEYS: usize = 1_000_000;
 const FLOOD: u64 = 10_000_000;

@@ -86,7 +86,6 @@ mod quota;
 mod quotas;
 #[cfg(feature = "redis")]
 pub mod redis;
-pub mod reference;
 mod stats;
 mod sync;
 #[cfg(feature = "tokio")]

@@ -16,10 +16,13 @@ use std::time::Duration;
 
 use turnstile::{KeyedLimiter, ManualClock, Quota};
 
-#[path = "support/heap.rs"]
-mod heap;
-#[path = "support/watchdog.rs"]
-mod watchdog;
+use turnstile_test_kit::heap;
+
+/// The kit's counting allocator: heap bytes held, and a pause at one allocation.
+#[global_allocator]
+static HEAP: heap::Counting = heap::Counting;
+
+use turnstile_test_kit::watchdog;
 use watchdog::Watchdog;
 
 /// While armed, dropping key `GATE` asks the helper for one pin and waits.

@@ -16,8 +16,7 @@ use std::time::Duration;
 
 use turnstile::{Clock, KeyedLimiter, ManualClock, Quota};
 
-#[path = "support/watchdog.rs"]
-mod watchdog;
+use turnstile_test_kit::watchdog;
 use watchdog::Watchdog;
 
 #[derive(Clone)]

@@ -19,8 +19,8 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{FileFailurePersistence, TestRunner};
 use turnstile::algorithms::Step;
-use turnstile::reference::SeedTokenBucket;
 use turnstile::{CostError, Decision, DirectLimiter, Gcra, ManualClock, Quota};
+use turnstile_test_kit::reference::SeedTokenBucket;
 
 /// 2,000 cases a property; failures are kept in `proptest-regressions/`
 /// (committed) and re-run first.

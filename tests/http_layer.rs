@@ -16,9 +16,8 @@ use turnstile::http::{
 };
 use turnstile::{KeyedLimiter, KeyedMultiLimiter, ManualClock, MultiDecision, Quota};
 
-#[path = "support/http_server.rs"]
-mod http_server;
 use http_server::serve;
+use turnstile_test_kit::http_server;
 
 type Manual = KeyedLimiter<HttpKey, ManualClock>;
 /// Request headers as (name, raw bytes).

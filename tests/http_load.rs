@@ -16,10 +16,9 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
 use turnstile::http::{ClientIp, HttpKey, KeyExtractor, RateLimitLayer, DECISIONS_METRIC};
 
-#[path = "support/http_server.rs"]
-mod http_server;
 use http_server::serve;
 use turnstile::{KeyedLimiter, ManualClock};
+use turnstile_test_kit::http_server;
 
 const REQUESTS: usize = 20_000;
 const CLIENTS: usize = 64;

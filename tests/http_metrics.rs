@@ -10,9 +10,8 @@ use metrics_exporter_prometheus::PrometheusBuilder;
 use turnstile::http::{HttpKey, KeyExtractor, RateLimitLayer, DECISIONS_METRIC};
 use turnstile::{KeyedLimiter, ManualClock};
 
-#[path = "support/http_server.rs"]
-mod http_server;
 use http_server::serve;
+use turnstile_test_kit::http_server;
 
 #[tokio::test]
 async fn shadow_denials_are_counted_and_every_series_is_described() {

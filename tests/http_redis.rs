@@ -17,12 +17,10 @@ use turnstile::http::{ClientIp, KeyExtractor, RateLimitLayer};
 use turnstile::redis::{FailurePolicy, RedisLimiter};
 use turnstile::Quota;
 
-#[path = "support/http_server.rs"]
-mod http_server;
 use http_server::serve;
-#[path = "support/redis_server.rs"]
-mod redis_server;
 use redis_server::RedisServer;
+use turnstile_test_kit::http_server;
+use turnstile_test_kit::redis_server;
 
 /// A gateway: one route behind the layer, keyed by `x-api-key`, on its own
 /// `RedisLimiter`. Returns its base URL.

@@ -10,12 +10,15 @@ use std::time::Duration;
 use turnstile::__private::TICK;
 use turnstile::{KeyedLimiter, ManualClock, Quota};
 
-#[path = "support/heap.rs"]
-mod heap;
+use turnstile_test_kit::heap;
+
+/// The kit's counting allocator: heap bytes held, and a pause at one allocation.
+#[global_allocator]
+static HEAP: heap::Counting = heap::Counting;
+
 use heap::live;
-#[path = "support/keys.rs"]
-mod keys;
 use keys::SplitMix;
+use turnstile_test_kit::keys;
 
 /// The counters are process-wide: the tests take turns.
 static SERIAL: Mutex<()> = Mutex::new(());

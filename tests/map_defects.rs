@@ -17,11 +17,13 @@ use std::time::{Duration, Instant};
 
 use turnstile::{Clock, KeyedLimiter, ManualClock, OverflowPolicy, Quota};
 
-#[path = "support/within.rs"]
-mod within;
+use turnstile_test_kit::heap;
+use turnstile_test_kit::within;
 use within::within;
-#[path = "support/heap.rs"]
-mod heap;
+
+/// The kit's counting allocator: heap bytes held, and a pause at one allocation.
+#[global_allocator]
+static HEAP: heap::Counting = heap::Counting;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 

@@ -14,9 +14,8 @@ use std::time::Duration;
 
 use turnstile::{KeyedLimiter, ManualClock, OverflowPolicy, Quota};
 
-#[path = "support/keys.rs"]
-mod keys;
 use keys::SplitMix;
+use turnstile_test_kit::keys;
 
 const CHECKERS: u64 = 3;
 const CHECKS_PER_THREAD: u64 = 60_000;

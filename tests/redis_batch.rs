@@ -5,10 +5,8 @@
 //! anything is sent.
 #![cfg(feature = "redis")]
 
-#[path = "support/keys.rs"]
-mod keys;
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use turnstile_test_kit::keys;
+use turnstile_test_kit::redis_server;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

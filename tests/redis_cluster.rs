@@ -2,8 +2,7 @@
 //! key, so keys spread over the shards and decisions stay exact.
 #![cfg(feature = "redis")]
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use turnstile_test_kit::redis_server;
 
 use std::sync::Arc;
 use std::time::Duration;

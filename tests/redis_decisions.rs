@@ -1,11 +1,10 @@
 //! Exact decisions from a real `redis-server`: the seed scenarios (the
-//! tutorials' worked examples, see `turnstile::reference`) give the
+//! tutorials' worked examples, see `turnstile_test_kit::reference`) give the
 //! same admitted counts and the same `Decision` figures as the local GCRA;
 //! the script's contract (PEXPIRE, NOSCRIPT, keys, hash tags); bad input.
 #![cfg(feature = "redis")]
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use turnstile_test_kit::redis_server;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,8 +4,7 @@
 //! limiter recovers by itself.
 #![cfg(feature = "redis")]
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use turnstile_test_kit::redis_server;
 
 use std::time::{Duration, Instant};
 

@@ -1,12 +1,11 @@
 //! The fleet of the book chapter this project started from (see
-//! `turnstile::reference`): 20 independent gateways (each its own limiter and
+//! `turnstile_test_kit::reference`): 20 independent gateways (each its own limiter and
 //! connection) hammering 1,000 users at once against one real Redis. No
 //! user is admitted more than `B + elapsed / T` (elapsed by the server's
 //! clock), and no admission is lost (each one moved the user's TAT).
 #![cfg(feature = "redis")]
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use turnstile_test_kit::redis_server;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

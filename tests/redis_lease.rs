@@ -4,8 +4,7 @@
 //! figures; timings are printed, never asserted.
 #![cfg(feature = "redis")]
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use turnstile_test_kit::redis_server;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,8 +3,7 @@
 //! manual clock (client time).
 #![cfg(feature = "redis")]
 
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use turnstile_test_kit::redis_server;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! The seed scenarios, exact, on a manual clock, with every figure of every
 //! `Decision` checked: the worked examples of the rate-limiting tutorials
-//! this project started from (see `turnstile::reference`), replayed on
+//! this project started from (see `turnstile_test_kit::reference`), replayed on
 //! turnstile's limiters and on the tutorials' own `f64` token bucket.
 //!
 //! Capacity 5 refilled at 2/s is `Quota::per_second(2)?.burst(5)?`: one token
@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
-use turnstile::reference::SeedTokenBucket;
 use turnstile::{Decision, DirectLimiter, ManualClock, Quota, QuotaError};
+use turnstile_test_kit::reference::SeedTokenBucket;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)

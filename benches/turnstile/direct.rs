@@ -33,8 +33,8 @@ use std::time::Duration;
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
-use turnstile::reference::SeedTokenBucket;
 use turnstile::{Clock, DirectLimiter, Quota, RecentClock};
+use turnstile_test_kit::reference::SeedTokenBucket;
 
 use crate::mode::Mode;
 

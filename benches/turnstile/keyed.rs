@@ -85,14 +85,13 @@ use dashmap::DashMap;
 use governor::clock::DefaultClock as GovernorClock;
 use governor::state::keyed::DashMapStateStore;
 use turnstile::algorithms::Step;
-use turnstile::reference::SeedTokenBucket;
 use turnstile::{Clock, Gcra, KeyedLimiter, QuantaClock, Quota};
+use turnstile_test_kit::reference::SeedTokenBucket;
 
 use crate::mode::Mode;
 
-#[path = "../../tests/support/keys.rs"]
-mod keys;
 use keys::SplitMix;
+use turnstile_test_kit::keys;
 
 /// The burst of the `allowed` mode: more checks than any key gets in a run.
 const BURST: u32 = 1_000_000_000;

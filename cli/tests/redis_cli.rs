@@ -1,10 +1,7 @@
 //! `turnstile fleet`, run as a user runs it: its own redis-server, the
 //! per-user table within the limit, and each failure policy's outcome
 //! while that server is stopped. No assertion is made on a time.
-#![cfg(all(feature = "cli", feature = "redis"))]
-
-#[path = "support/redis_server.rs"]
-mod redis_server;
+#![cfg(feature = "redis")]
 
 use std::process::Command;
 

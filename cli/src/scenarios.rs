@@ -8,8 +8,8 @@ use std::io::Write;
 use std::time::Duration;
 
 use turnstile::algorithms::{FixedWindow, SlidingLog, SlidingWindow};
-use turnstile::reference::SeedTokenBucket;
 use turnstile::{DirectLimiter, ManualClock, Quota};
+use turnstile_test_kit::reference::SeedTokenBucket;
 
 use super::UsageError;
 

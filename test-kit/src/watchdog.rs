@@ -1,19 +1,21 @@
 //! Watchdog for the attack tests: aborts the process (printing `what`) if
 //! the shared progress counter has not moved for `stall`, or if the whole
 //! run exceeds `limit`. Call `tick()` from workers.
-#![allow(dead_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[derive(Clone)]
+/// A progress counter shared by the workers, watched by a thread of its own.
+#[derive(Clone, Debug)]
 pub struct Watchdog {
     progress: Arc<AtomicU64>,
     done: Arc<AtomicBool>,
 }
 
 impl Watchdog {
+    /// Starts watching: abort on no progress for `stall`, or on a run
+    /// longer than `limit`.
     pub fn start(what: &'static str, stall: Duration, limit: Duration) -> Self {
         let dog = Watchdog {
             progress: Arc::new(AtomicU64::new(0)),
@@ -44,24 +46,14 @@ impl Watchdog {
         dog
     }
 
+    /// Records progress.
     #[inline]
     pub fn tick(&self) {
         self.progress.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Stops the watch (the run ended).
     pub fn finish(&self) {
         self.done.store(true, Ordering::Relaxed);
-    }
-}
-
-/// Tiny deterministic RNG.
-pub struct Rng(pub u64);
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
     }
 }

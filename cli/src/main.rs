@@ -1,7 +1,20 @@
-//! The command line: flags (clap derive) and dispatch to the three commands.
+//! `turnstile`: the workspace's command-line program (package `turnstile-cli`).
 //!
-//! Binary-private: `src/lib.rs` does not declare this module, so nothing
-//! here is part of the library's API.
+//! - `turnstile` prints the seed scenarios table, then the latency table.
+//! - `turnstile scenarios`: the seed documents' scenarios, every algorithm,
+//!   on a manual clock (exact, deterministic counts).
+//! - `turnstile latency [--checks N] [--threads N] [--algorithm NAME]...`:
+//!   per-check latency percentiles, beside the seeds' illustrative figures.
+//! - `turnstile check --quota "10/s burst 20" [--requests N] [--interval 50ms]`:
+//!   tries a quota string on the real clock, one decision per line.
+//! - `turnstile fleet [--redis URL] [--gateways N] [--users N] [--quota Q]`
+//!   (feature `redis`): simulated gateways sharing one quota
+//!   through Redis, and the failure policies while Redis is stopped.
+//!
+//! `turnstile --help` (and `--help` on each subcommand) documents every flag.
+//! Usage errors exit with status 2, as clap's do.
+//!
+//! The flags are clap derive; each subcommand is its own module.
 
 mod check;
 #[cfg(feature = "redis")]
@@ -70,7 +83,7 @@ impl<E: std::error::Error + 'static> From<E> for UsageError {
 
 /// Parses the command line, runs the command, and maps failures to an exit
 /// status: clap's own for bad flags, 2 for bad values, 0 otherwise.
-pub fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     let stdout = io::stdout();
     let mut out = stdout.lock();

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use turnstile::algorithms::{FixedWindow, SlidingLog, SlidingWindow};
-use turnstile::reference::SeedTokenBucket;
 use turnstile::{Decision, DirectLimiter, KeyedLimiter, QuantaClock, Quota};
+use turnstile_test_kit::reference::SeedTokenBucket;
 
 use super::UsageError;
 

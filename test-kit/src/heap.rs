@@ -1,13 +1,18 @@
-//! Shared by `tests/keyed_memory.rs` and `benches/memory.rs` (included with
-//! `#[path]`): a counting global allocator, so memory is measured in heap
-//! bytes the program holds, not RSS guesses. Including it installs it.
-
-#![allow(dead_code)] // each includer uses part of it
+//! A counting global allocator, so memory is measured in heap bytes the
+//! program holds, not RSS guesses. A test or bench installs it with
+//!
+//! ```ignore
+//! #[global_allocator]
+//! static HEAP: turnstile_test_kit::heap::Counting = turnstile_test_kit::heap::Counting;
+//! ```
+//!
+//! (a library cannot install it for everyone that links the kit).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Counts live heap bytes and their peak.
+#[derive(Debug)]
 pub struct Counting;
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
@@ -95,9 +100,6 @@ pub fn is_paused() -> bool {
 pub fn release() {
     RELEASED.fetch_add(1, Ordering::SeqCst);
 }
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
 
 /// Heap bytes held now.
 pub fn live() -> usize {

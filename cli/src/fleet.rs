@@ -1,5 +1,5 @@
 //! `turnstile fleet`: N simulated gateways share one quota through Redis
-//! (features `cli` and `redis`).
+//! (feature `redis`).
 //!
 //! Each gateway is its own `RedisLimiter` with its own connection, as
 //! separate processes would be; they hammer the same users at once and the
@@ -9,9 +9,6 @@
 //! can then also stop it to show what each failure policy does while Redis
 //! is away, and how the limiter recovers when it returns. A server given
 //! with `--redis` is never stopped: that part is skipped.
-
-#[path = "../../tests/support/redis_server.rs"]
-mod redis_server;
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +20,7 @@ use turnstile::redis::{BreakerConfig, FailurePolicy, RedisLimiter};
 use turnstile::{KeyedLimiter, Quota};
 
 use super::UsageError;
-use redis_server::RedisServer;
+use turnstile_test_kit::redis_server::RedisServer;
 
 /// Flags of `turnstile fleet`.
 #[derive(Debug, Args)]

@@ -1,12 +1,10 @@
 //! A real `redis-server` (and a real 3-master Redis Cluster) on free
 //! loopback ports, in a temporary directory, stopped on drop.
 //!
-//! Shared by the Redis tests and by the CLI's `fleet` demo (through
-//! `#[path]`), so the one way turnstile starts Redis is written once.
+//! Shared by the Redis tests and by the CLI's `fleet` demo, so the one way
+//! the workspace starts Redis is written once.
 //! Needs `redis-server` and `redis-cli` on `PATH` (`scripts/test.sh`
 //! installs them when missing).
-
-#![allow(dead_code)]
 
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
@@ -24,6 +22,7 @@ const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
 static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
 
 /// A directory removed on drop.
+#[derive(Debug)]
 struct TempDir(PathBuf);
 
 impl TempDir {
@@ -44,6 +43,7 @@ impl Drop for TempDir {
 }
 
 /// One `redis-server` child process on `127.0.0.1:port`.
+#[derive(Debug)]
 pub struct RedisServer {
     port: u16,
     child: Option<Child>,
@@ -107,7 +107,7 @@ impl RedisServer {
         }
     }
 
-    /// Starts the server again on the same port (after [`kill`]).
+    /// Starts the server again on the same port (after [`kill`](Self::kill)).
     pub fn restart(&mut self) -> io::Result<()> {
         self.kill();
         let log = std::fs::File::create(self.dir.0.join(format!("redis-{}.log", self.port)))?;
@@ -184,6 +184,7 @@ pub fn ping(port: u16) -> io::Result<()> {
 }
 
 /// Three masters, no replicas, all slots covered: a real Redis Cluster.
+#[derive(Debug)]
 pub struct RedisCluster {
     servers: Vec<RedisServer>,
 }

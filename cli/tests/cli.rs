@@ -1,9 +1,7 @@
 //! The `turnstile` binary, run as a user runs it: the exact figures of the
 //! seed scenarios (the tutorials' worked examples, see
-//! `turnstile::reference`) in `scenarios`, usage errors with exit status 2 and a message, and a small
+//! `turnstile_test_kit::reference`) in `scenarios`, usage errors with exit status 2 and a message, and a small
 //! latency run that prints every row. No assertion is ever made on a time.
-
-#![cfg(feature = "cli")]
 
 use std::process::{Command, Output};
 

@@ -19,7 +19,7 @@ use std::fmt;
 use std::hash::Hash;
 use std::sync::{Mutex, PoisonError};
 
-use crate::clock::{Clock, DefaultClock};
+use turnstile::{Clock, DefaultClock};
 
 /// A [`SeedTokenBucket`] parameter that the tutorials' constructor refuses.
 #[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
@@ -54,11 +54,11 @@ pub enum SeedBucketError {
 /// - **its memory never shrinks**: every key ever seen stays in the map
 ///   forever (the tutorials' own warning: "leaks memory as users accumulate").
 ///
-/// Use [`DirectLimiter`](crate::DirectLimiter) or a keyed limiter instead.
+/// Use [`DirectLimiter`](turnstile::DirectLimiter) or a keyed limiter instead.
 ///
 /// ```
 /// use std::time::Duration;
-/// use turnstile::reference::SeedTokenBucket;
+/// use turnstile_test_kit::reference::SeedTokenBucket;
 /// use turnstile::ManualClock;
 ///
 /// let clock = ManualClock::new();
@@ -68,7 +68,7 @@ pub enum SeedBucketError {
 /// clock.advance(Duration::from_millis(1_100));
 /// let allowed = (0..3).filter(|_| seed.allow_request("user_42", 1.0)).count();
 /// assert_eq!(allowed, 2);
-/// # Ok::<(), turnstile::reference::SeedBucketError>(())
+/// # Ok::<(), turnstile_test_kit::reference::SeedBucketError>(())
 /// ```
 pub struct SeedTokenBucket<K, C: Clock = DefaultClock> {
     capacity: f64,
@@ -193,8 +193,8 @@ impl<K, C: Clock> fmt::Debug for SeedTokenBucket<K, C> {
 #[cfg(all(test, not(turnstile_loom)))]
 mod tests {
     use super::*;
-    use crate::ManualClock;
     use std::time::Duration;
+    use turnstile::ManualClock;
 
     fn seed(clock: &ManualClock) -> SeedTokenBucket<String, ManualClock> {
         SeedTokenBucket::with_clock(5.0, 2.0, clock.clone()).unwrap()

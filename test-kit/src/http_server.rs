@@ -1,5 +1,4 @@
-//! Shared by the HTTP tests (included with `#[path]`): an axum app served on
-//! a free loopback port, with the peer address as `ConnectInfo`.
+//! For the HTTP tests: an axum app served on a free loopback port, with the peer address as `ConnectInfo`.
 
 use std::net::SocketAddr;
 
