@@ -8,6 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rustup component add --toolchain nightly miri rust-src >/dev/null
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/miri"
+# The lean build (Cargo.toml): none of the HTTP, gRPC or bench dev-dependencies.
+export RUSTFLAGS="--cfg turnstile_lean_tests ${RUSTFLAGS:-}"
 cargo +nightly miri setup >/dev/null
 MIRIFLAGS="-Zmiri-strict-provenance" \
     cargo +nightly miri test --lib -- cell:: gcra::

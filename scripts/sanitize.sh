@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 target="$(rustc -vV | sed -n 's/^host: //p')"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/asan"
-export RUSTFLAGS="-Zsanitizer=address"
+# The lean build (Cargo.toml): none of the HTTP, gRPC or bench dev-dependencies.
+export RUSTFLAGS="-Zsanitizer=address --cfg turnstile_lean_tests"
 export RUSTDOCFLAGS="-Zsanitizer=address"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1"
 cargo +nightly test --target "$target" --lib -- map:: keyed::

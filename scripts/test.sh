@@ -8,8 +8,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n== %s\n' "$*"; }
+# Each step's wall time, printed as a table at the end (the README's table
+# of where the time goes comes from it).
 started=$SECONDS
+step_name="" step_started=$SECONDS
+timings=""
+step() {
+    [ -z "$step_name" ] || timings+="$(printf '%6d s  %s' $((SECONDS - step_started)) "$step_name")"$'\n'
+    step_name="$*" step_started=$SECONDS
+    [ -z "$step_name" ] || printf '\n== %s\n' "$step_name"
+}
 
 step "toolchain components"
 rustup component add rustfmt clippy >/dev/null
@@ -58,4 +66,6 @@ scripts/sanitize.sh
 step "fuzz targets, 20 s each"
 scripts/fuzz.sh
 
-step "all green in $((SECONDS - started)) s"
+step ""
+printf '\n== time per step\n%s' "$timings"
+printf '\n== all green in %d s\n' $((SECONDS - started))

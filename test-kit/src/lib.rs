@@ -5,13 +5,14 @@
 //!   GCRA is tested and benchmarked against.
 //! - [`redis_server`]: a real `redis-server` (or a 3-master Cluster) on free
 //!   loopback ports, stopped on drop.
-//! - [`http_server`]: an axum app served on a free loopback port.
+//! - `http_server` (feature `http`): an axum app served on a free loopback port.
 //! - [`heap`]: a counting global allocator, and a pause point for replaying
 //!   races at one allocation.
 //! - [`keys`]: deterministic key generators.
 //! - [`watchdog`], [`within`]: a hang fails the test instead of stalling it.
 
 pub mod heap;
+#[cfg(feature = "http")]
 pub mod http_server;
 pub mod keys;
 pub mod redis_server;
