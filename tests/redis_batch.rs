@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keys::SplitMix;
-use redis_server::{redis_cli, RedisCluster, RedisServer};
+use redis_server::{db_size, redis_cli, RedisCluster, RedisServer};
 use turnstile::redis::{
     BreakerConfig, FailurePolicy, HashTag, RedisLimitError, RedisLimiter, RedisLimiterBuilder,
     TimeSource, MAX_KEY_BYTES,
@@ -48,10 +48,6 @@ fn calls(port: u16, command: &str) -> Result<u64, Box<dyn std::error::Error>> {
 fn reset_stats(port: u16) -> TestResult {
     assert_eq!(redis_cli(port, &["CONFIG", "RESETSTAT"])?.trim(), "OK");
     Ok(())
-}
-
-fn db_size(port: u16) -> Result<u64, Box<dyn std::error::Error>> {
-    Ok(redis_cli(port, &["DBSIZE"])?.trim().parse()?)
 }
 
 /// A random batch: `len` keys drawn from `names` (so repeats are common),

@@ -7,15 +7,11 @@ use turnstile_test_kit::redis_server;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis_server::{redis_cli, RedisCluster};
+use redis_server::{db_size, RedisCluster};
 use turnstile::redis::{HashTag, RedisLimiter, TimeSource};
 use turnstile::{KeyedLimiter, ManualClock, Quota};
 
 const KEYS: usize = 300;
-
-fn keys_on(port: u16) -> Result<u64, Box<dyn std::error::Error>> {
-    Ok(redis_cli(port, &["DBSIZE"])?.trim().parse()?)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_spread_over_three_masters_and_decisions_stay_exact(
@@ -51,7 +47,7 @@ async fn keys_spread_over_three_masters_and_decisions_stay_exact(
     let per_master: Vec<u64> = cluster
         .ports()
         .into_iter()
-        .map(keys_on)
+        .map(db_size)
         .collect::<Result<_, _>>()?;
     assert_eq!(
         per_master.iter().sum::<u64>(),
@@ -92,7 +88,7 @@ async fn a_fixed_hash_tag_keeps_every_bucket_on_one_master_with_server_time(
     let mut per_master: Vec<u64> = cluster
         .ports()
         .into_iter()
-        .map(keys_on)
+        .map(db_size)
         .collect::<Result<_, _>>()?;
     per_master.sort_unstable();
     assert_eq!(per_master, [0, 0, 30]);
@@ -135,7 +131,7 @@ async fn several_limits_per_key_run_in_one_slot_on_the_cluster(
     let per_master: Vec<u64> = cluster
         .ports()
         .into_iter()
-        .map(keys_on)
+        .map(db_size)
         .collect::<Result<_, _>>()?;
     assert_eq!(per_master.iter().sum::<u64>(), 2 * 100, "{per_master:?}");
     assert!(per_master.iter().all(|&n| n > 0), "{per_master:?}");

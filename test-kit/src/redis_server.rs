@@ -263,3 +263,11 @@ pub fn redis_cli(port: u16, args: &[&str]) -> io::Result<String> {
         .output()?;
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
+
+/// How many keys the server at `port` holds (`DBSIZE`).
+pub fn db_size(port: u16) -> io::Result<u64> {
+    redis_cli(port, &["DBSIZE"])?
+        .trim()
+        .parse()
+        .map_err(|e| io::Error::other(format!("DBSIZE on port {port}: {e}")))
+}
