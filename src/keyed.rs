@@ -597,7 +597,7 @@ where
     /// use turnstile::algorithms::{FixedWindow, SlidingWindow};
     /// use turnstile::{KeyedLimiter, Quota, QuotaError};
     ///
-    /// let limiter = KeyedLimiter::<&str>::builder("100/min".parse()?)
+    /// let limiter = KeyedLimiter::<String>::builder("100/min".parse()?)
     ///     .algorithm_for::<FixedWindow>()?
     ///     .max_keys(10_000)
     ///     .build();
@@ -605,7 +605,7 @@ where
     ///
     /// // A sliding window counts at most 65,534 requests per window.
     /// let huge = Quota::per_minute(SlidingWindow::MAX_LIMIT + 1)?;
-    /// let refused = KeyedLimiter::<&str>::builder(huge).algorithm_for::<SlidingWindow>();
+    /// let refused = KeyedLimiter::<String>::builder(huge).algorithm_for::<SlidingWindow>();
     /// assert!(matches!(refused, Err(QuotaError::DoesNotFit { .. })));
     /// # Ok::<(), QuotaError>(())
     /// ```

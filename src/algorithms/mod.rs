@@ -1,6 +1,6 @@
 //! The algorithms the engine runs: the [`Algorithm`] contract, GCRA (the
 //! default) and the classic window counters, behind the same
-//! [`Decision`](crate::Decision).
+//! [`Decision`].
 //!
 //! One engine (the atomic cell, the keyed map, eviction) serves every
 //! algorithm whose whole state fits in one `u64`: an algorithm is a pure
@@ -40,8 +40,8 @@
 //!
 //! # Quotas for windows
 //!
-//! A window algorithm counts [`Quota::count`](crate::Quota::count) requests
-//! per [`Quota::period`](crate::Quota::period); the quota's burst is a GCRA
+//! A window algorithm counts [`Quota::count`] requests
+//! per [`Quota::period`]; the quota's burst is a GCRA
 //! notion and is ignored. `"100/min burst 10"` is a window of one minute and
 //! a limit of 100.
 //!
