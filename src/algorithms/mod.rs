@@ -1,6 +1,5 @@
 //! The algorithms the engine runs: the [`Algorithm`] contract, GCRA (the
-//! default) and the classic window counters, behind the same
-//! [`Decision`].
+//! default) and the classic window counters, behind the same [`Decision`].
 //!
 //! One engine (the atomic cell, the keyed map, eviction) serves every
 //! algorithm whose whole state fits in one `u64`: an algorithm is a pure
@@ -40,9 +39,8 @@
 //!
 //! # Quotas for windows
 //!
-//! A window algorithm counts [`Quota::count`] requests
-//! per [`Quota::period`]; the quota's burst is a GCRA
-//! notion and is ignored. `"100/min burst 10"` is a window of one minute and
+//! A window algorithm counts [`Quota::count`] requests per
+//! [`Quota::period`]; the quota's burst is a GCRA notion and is ignored. `"100/min burst 10"` is a window of one minute and
 //! a limit of 100.
 //!
 //! # The horizon
@@ -52,7 +50,7 @@
 //! window. So `period * 2^bits` must reach a horizon of 50 years (of 365.25
 //! days) of clock time: the fixed window (39 bits) needs a period of at least
 //! about 2.87 ms, the sliding window (31 bits) at least about 0.735 s. A
-//! shorter period is a [`QuotaError::DoesNotFit`](crate::QuotaError) at
+//! shorter period is a [`QuotaError::DoesNotFit`] at
 //! construction. A clock that does run past `2^bits` windows gets denials,
 //! never a wrapped index.
 
