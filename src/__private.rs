@@ -5,7 +5,11 @@
 use std::borrow::Borrow;
 use std::hash::Hash;
 
-use crate::{Algorithm, Clock, Decision, KeyedLimiter, KeyedLimiterBuilder, Quota};
+use crate::algorithms::Algorithm;
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::keyed::{KeyedLimiter, KeyedLimiterBuilder};
+use crate::quota::Quota;
 
 /// Clock time between two housekeeping steps of a keyed limiter, in ns.
 pub const TICK: u64 = crate::keyed::TICK;

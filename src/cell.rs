@@ -46,7 +46,7 @@
 //! key too. [`finish_copy`](Cell::finish_copy) is `Release` for the same
 //! reason: a reader that sees COPIED goes on to read the successor's copy.
 
-use crate::algorithm::Algorithm;
+use crate::algorithms::Algorithm;
 use crate::sync::{AtomicU64, Ordering};
 use crate::Decision;
 

@@ -2,11 +2,13 @@
 
 use std::fmt;
 
-use crate::algorithm::Algorithm;
+use crate::algorithms::Algorithm;
+use crate::algorithms::Gcra;
 use crate::cell::{Cell, Charge};
 use crate::clock::{Clock, DefaultClock};
+use crate::decision::Decision;
 use crate::error::CostError;
-use crate::{Decision, Gcra, Quota};
+use crate::quota::Quota;
 
 /// One rate-limited bucket, shared by every caller: lock-free, `Send + Sync`,
 /// used through `&` or `Arc`.

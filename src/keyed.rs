@@ -126,14 +126,15 @@ use std::fmt;
 use std::hash::Hash;
 use std::marker::PhantomData;
 
-use crate::algorithm::Algorithm;
+use crate::algorithms::{Algorithm, FromQuota, Gcra};
 use crate::cell::{Charge, Gone};
 use crate::clock::{Clock, DefaultClock};
-use crate::error::CostError;
+use crate::decision::Decision;
+use crate::error::{CostError, QuotaError};
 use crate::map::{Map, Pinned, Slot};
+use crate::quota::Quota;
 use crate::stats::{Counters, Event};
 use crate::sync::{AtomicU64, Ordering};
-use crate::{Decision, Gcra, Quota};
 
 /// Clock time between two housekeeping steps.
 pub(crate) const TICK: u64 = 1_000_000;
@@ -237,6 +238,7 @@ where
     /// A builder to choose the clock, the bound and the overflow policy.
     pub fn builder(quota: Quota) -> KeyedLimiterBuilder<K> {
         KeyedLimiterBuilder {
+            quota,
             algorithm: Gcra::new(&quota),
             clock: DefaultClock::new(),
             max_keys: DEFAULT_MAX_KEYS,
@@ -557,6 +559,9 @@ impl<K, C: Clock, A: Algorithm + fmt::Debug> fmt::Debug for KeyedLimiter<K, C, A
 
 /// Builds a [`KeyedLimiter`]: `KeyedLimiter::builder(quota)`.
 pub struct KeyedLimiterBuilder<K, C = DefaultClock, A = Gcra> {
+    /// The quota given to `builder`, kept for
+    /// [`algorithm_for`](KeyedLimiterBuilder::algorithm_for).
+    quota: Quota,
     algorithm: A,
     clock: C,
     max_keys: usize,
@@ -574,6 +579,7 @@ where
     /// Reads time from `clock` (a [`ManualClock`](crate::ManualClock) in tests).
     pub fn clock<C2: Clock>(self, clock: C2) -> KeyedLimiterBuilder<K, C2, A> {
         KeyedLimiterBuilder {
+            quota: self.quota,
             algorithm: self.algorithm,
             clock,
             max_keys: self.max_keys,
@@ -583,11 +589,39 @@ where
         }
     }
 
+    /// Runs the algorithm `A2` configured by the builder's quota instead of
+    /// the quota's GCRA; [`QuotaError::DoesNotFit`] when `A2` cannot hold
+    /// the quota (a window's limit or period out of its bounds).
+    ///
+    /// ```
+    /// use turnstile::algorithms::{FixedWindow, SlidingWindow};
+    /// use turnstile::{KeyedLimiter, Quota, QuotaError};
+    ///
+    /// let limiter = KeyedLimiter::<String>::builder("100/min".parse()?)
+    ///     .algorithm_for::<FixedWindow>()?
+    ///     .max_keys(10_000)
+    ///     .build();
+    /// assert!(limiter.check("alice").is_allowed());
+    ///
+    /// // A sliding window counts at most 65,534 requests per window.
+    /// let huge = Quota::per_minute(SlidingWindow::MAX_LIMIT + 1)?;
+    /// let refused = KeyedLimiter::<String>::builder(huge).algorithm_for::<SlidingWindow>();
+    /// assert!(matches!(refused, Err(QuotaError::DoesNotFit { .. })));
+    /// # Ok::<(), QuotaError>(())
+    /// ```
+    pub fn algorithm_for<A2: FromQuota>(self) -> Result<KeyedLimiterBuilder<K, C, A2>, QuotaError> {
+        let algorithm = A2::from_quota(&self.quota)?;
+        Ok(self.algorithm(algorithm))
+    }
+
     /// Runs `algorithm` (for example a
-    /// [`FixedWindow`](crate::algorithms::FixedWindow)) instead of the
-    /// quota's GCRA.
+    /// [`FixedWindow`](crate::algorithms::FixedWindow) built for another
+    /// quota) instead of the quota's GCRA; see
+    /// [`algorithm_for`](KeyedLimiterBuilder::algorithm_for) to build it
+    /// from the builder's own quota.
     pub fn algorithm<A2: Algorithm>(self, algorithm: A2) -> KeyedLimiterBuilder<K, C, A2> {
         KeyedLimiterBuilder {
+            quota: self.quota,
             algorithm,
             clock: self.clock,
             max_keys: self.max_keys,
@@ -649,8 +683,73 @@ impl<K, C: fmt::Debug, A: fmt::Debug> fmt::Debug for KeyedLimiterBuilder<K, C, A
 #[cfg(all(test, not(turnstile_loom)))]
 mod tests {
     use super::*;
-    use crate::ManualClock;
+    use crate::clock::ManualClock;
     use std::time::Duration;
+
+    #[test]
+    fn a_window_built_from_the_builders_quota_decides_like_one_given_by_value() {
+        use crate::algorithms::FixedWindow;
+        // "burst 7" is ignored by a window: both take 5 per 2 s.
+        let quota: Quota = "5/2s burst 7".parse().unwrap();
+        let clock = ManualClock::new();
+        let by_name = KeyedLimiter::<u32>::builder(quota)
+            .clock(clock.clone())
+            .algorithm_for::<FixedWindow>()
+            .unwrap()
+            .build();
+        let by_value = KeyedLimiter::<u32>::builder(quota)
+            .clock(clock.clone())
+            .algorithm(FixedWindow::new(&quota).unwrap())
+            .build();
+        for step_ms in [0, 300, 900, 1_700, 2_100, 3_999, 4_000] {
+            clock.set(Duration::from_millis(step_ms));
+            for key in 0..3 {
+                for _ in 0..3 {
+                    assert_eq!(by_name.check(&key), by_value.check(&key), "{step_ms} ms");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_quota_above_a_windows_limit_is_a_typed_error_not_a_panic() {
+        use crate::algorithms::{FixedWindow, SlidingWindow};
+        let huge = Quota::per_hour(FixedWindow::MAX_LIMIT + 1).unwrap();
+        let err = KeyedLimiter::<u32>::builder(huge)
+            .algorithm_for::<FixedWindow>()
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                QuotaError::DoesNotFit {
+                    algorithm: "fixed window",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let at_the_limit = Quota::per_hour(FixedWindow::MAX_LIMIT).unwrap();
+        assert!(KeyedLimiter::<u32>::builder(at_the_limit)
+            .algorithm_for::<FixedWindow>()
+            .is_ok());
+        let err = KeyedLimiter::<u32>::builder(huge)
+            .algorithm_for::<SlidingWindow>()
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                QuotaError::DoesNotFit {
+                    algorithm: "sliding window",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        // GCRA holds every quota.
+        assert!(KeyedLimiter::<u32>::builder(huge)
+            .algorithm_for::<Gcra>()
+            .is_ok());
+    }
 
     fn limiter<K: Hash + Eq + Send + Sync + 'static>(
         quota: &str,
@@ -889,8 +988,10 @@ mod bounds {
     fn limiters_are_send_and_sync() {
         fn shareable<T: Send + Sync>() {}
         shareable::<super::KeyedLimiter<String>>();
-        shareable::<super::KeyedLimiter<u64, crate::ManualClock>>();
-        shareable::<crate::DirectLimiter>();
-        shareable::<crate::DirectLimiter<crate::RecentClock, crate::algorithms::FixedWindow>>();
+        shareable::<super::KeyedLimiter<u64, crate::clock::ManualClock>>();
+        shareable::<crate::direct::DirectLimiter>();
+        shareable::<
+            crate::direct::DirectLimiter<crate::clock::RecentClock, crate::algorithms::FixedWindow>,
+        >();
     }
 }

@@ -30,8 +30,10 @@
 //! - [`Decision`]: allowed or denied, `remaining`, `retry_after`,
 //!   `reset_after`, `limit`.
 //! - [`Clock`]: where "now" comes from; [`ManualClock`] for tests.
-//! - [`algorithms`]: the fixed window, sliding-window counter and sliding log
-//!   beside GCRA, behind the same `Decision`.
+//! - [`algorithms`]: the [`Algorithm`] contract, [`Gcra`], and the fixed
+//!   window and sliding-window counter beside it, behind the same `Decision`.
+//! - [`SlidingLog`]: the exact sliding log, a limiter of its own (behind a
+//!   mutex: its state does not fit in one word).
 //! - `http` (feature `tower`): a tower `RateLimitLayer` with `429`,
 //!   `Retry-After`, the IETF RateLimit headers and metrics.
 //! - `until_ready` and `until_n_ready` (feature `tokio`): wait for a token
@@ -66,14 +68,12 @@
 //!   new key without tracking it instead.
 //! - Keys are independent: there is no cross-key ordering.
 
-mod algorithm;
 pub mod algorithms;
 mod cell;
 pub mod clock;
 mod decision;
 mod direct;
 mod error;
-mod gcra;
 #[cfg(feature = "tower")]
 pub mod http;
 pub mod keyed;
@@ -86,6 +86,7 @@ mod quota;
 mod quotas;
 #[cfg(feature = "redis")]
 pub mod redis;
+mod sliding_log;
 mod stats;
 mod sync;
 #[cfg(feature = "tokio")]
@@ -94,16 +95,16 @@ mod wait;
 #[doc(hidden)]
 pub mod __private;
 
-pub use algorithm::Algorithm;
+pub use algorithms::{Algorithm, Gcra};
 pub use clock::{Clock, DefaultClock, ManualClock, MonotonicClock, QuantaClock, RecentClock};
 pub use decision::Decision;
 pub use direct::DirectLimiter;
 pub use error::{BatchError, CostError, QuotaError, QuotasError};
-pub use gcra::Gcra;
 pub use keyed::{KeyedLimiter, KeyedLimiterBuilder, OverflowPolicy};
 pub use multi::{KeyedMultiLimiter, MultiDecision, MultiLimiter};
 pub use quota::Quota;
 pub use quotas::{Quotas, MAX_LIMITS};
+pub use sliding_log::SlidingLog;
 pub use stats::Stats;
 #[cfg(feature = "tokio")]
 pub use wait::Jitter;

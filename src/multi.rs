@@ -110,8 +110,11 @@ use std::hash::Hash;
 
 use crate::cell::Charge;
 use crate::clock::{Clock, DefaultClock};
+use crate::decision::Decision;
+use crate::direct::DirectLimiter;
 use crate::error::CostError;
-use crate::{Decision, DirectLimiter, KeyedLimiter, Quotas, MAX_LIMITS};
+use crate::keyed::KeyedLimiter;
+use crate::quotas::{Quotas, MAX_LIMITS};
 
 /// The answer to a check against several limits: the [`Decision`] of the
 /// binding limit, and which limit that is.
@@ -660,7 +663,9 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::{Gcra, ManualClock, Quota};
+    use crate::algorithms::Gcra;
+    use crate::clock::ManualClock;
+    use crate::quota::Quota;
 
     /// The interval of the model limit, in nanoseconds.
     const T: u64 = 1_000;

@@ -12,7 +12,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::error::QuotasError;
-use crate::Quota;
+use crate::quota::Quota;
 
 /// The most limits one check combines: each is one more cell to charge.
 pub const MAX_LIMITS: usize = 8;
@@ -140,7 +140,7 @@ impl fmt::Display for Quotas {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::QuotaError;
+    use crate::error::QuotaError;
 
     #[test]
     fn bad_lists_are_typed_errors() {

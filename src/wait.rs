@@ -29,10 +29,12 @@ use std::convert::Infallible;
 use std::hash::Hash;
 use std::time::Duration;
 
-use crate::algorithm::Algorithm;
+use crate::algorithms::Algorithm;
 use crate::clock::{saturating_nanos, Clock};
+use crate::decision::Decision;
+use crate::direct::DirectLimiter;
 use crate::error::CostError;
-use crate::{Decision, DirectLimiter, KeyedLimiter};
+use crate::keyed::KeyedLimiter;
 
 /// Random extra time added to each sleep of a waiter, so that waiters
 /// denied together do not all wake together.

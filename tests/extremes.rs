@@ -6,8 +6,10 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use turnstile::algorithms::{FixedWindow, SlidingLog, SlidingWindow};
-use turnstile::{Decision, DirectLimiter, Gcra, KeyedLimiter, ManualClock, OverflowPolicy, Quota};
+use turnstile::algorithms::{FixedWindow, SlidingWindow};
+use turnstile::{
+    Decision, DirectLimiter, Gcra, KeyedLimiter, ManualClock, OverflowPolicy, Quota, SlidingLog,
+};
 
 fn number() -> impl Strategy<Value = u64> {
     prop_oneof![

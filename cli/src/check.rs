@@ -3,10 +3,10 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use clap::{Args, ValueEnum};
-use turnstile::algorithms::{FixedWindow, SlidingLog, SlidingWindow};
-use turnstile::{Decision, DirectLimiter, MultiLimiter, QuantaClock, Quota, Quotas};
+use clap::Args;
+use turnstile::{Decision, MultiLimiter, QuantaClock, Quota, Quotas};
 
+use super::limiter::Algorithm;
 use super::UsageError;
 
 /// The longest a `check` run may take (requests x interval).
@@ -32,21 +32,8 @@ pub(crate) struct CheckArgs {
     #[arg(long, default_value = "0", value_name = "DURATION", value_parser = parse_interval)]
     interval: Duration,
     /// The algorithm that decides.
-    #[arg(long, value_enum, default_value_t = CheckAlgorithm::Gcra)]
-    algorithm: CheckAlgorithm,
-}
-
-/// The algorithms `check` can run (those that answer with a `Decision`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum CheckAlgorithm {
-    /// GCRA (`DirectLimiter`), the default.
-    Gcra,
-    /// Fixed window (the quota's burst is ignored).
-    FixedWindow,
-    /// Sliding-window counter (the quota's burst is ignored).
-    SlidingWindow,
-    /// Sliding log (the quota's burst is ignored).
-    SlidingLog,
+    #[arg(long, value_enum, default_value_t = Algorithm::Gcra)]
+    algorithm: Algorithm,
 }
 
 /// Parses `[number] unit`, or a bare `0`, into a duration.
@@ -90,38 +77,16 @@ fn parse_interval(text: &str) -> Result<Duration, String> {
 pub(crate) fn run(args: &CheckArgs, out: &mut impl Write) -> Result<(), UsageError> {
     let quotas: Quotas = args.quota.join(";").parse()?;
     if quotas.len() > 1 {
-        if args.algorithm != CheckAlgorithm::Gcra {
-            return Err(UsageError(
-                "several quotas combine under GCRA only: drop --algorithm, or give one quota"
-                    .to_owned(),
-            ));
+        if args.algorithm != Algorithm::Gcra {
+            return Err(UsageError::SeveralQuotasNeedGcra);
         }
         return run_multi(args, quotas, out);
     }
     let quota: Quota = quotas.as_slice()[0];
     check_run_time(args)?;
-    let check: Box<dyn Fn() -> Decision> = match args.algorithm {
-        CheckAlgorithm::Gcra => {
-            let limiter = DirectLimiter::new(quota);
-            Box::new(move || limiter.check())
-        }
-        CheckAlgorithm::FixedWindow => {
-            let limiter =
-                DirectLimiter::from_algorithm(FixedWindow::new(&quota)?, QuantaClock::new());
-            Box::new(move || limiter.check())
-        }
-        CheckAlgorithm::SlidingWindow => {
-            let limiter =
-                DirectLimiter::from_algorithm(SlidingWindow::new(&quota)?, QuantaClock::new());
-            Box::new(move || limiter.check())
-        }
-        CheckAlgorithm::SlidingLog => {
-            let log = SlidingLog::new(quota);
-            Box::new(move || log.check())
-        }
-    };
+    let limiter = args.algorithm.build(quota, QuantaClock::new())?;
     match args.algorithm {
-        CheckAlgorithm::Gcra => writeln!(
+        Algorithm::Gcra => writeln!(
             out,
             "quota \"{quota}\" (GCRA): burst {}, one token back every {:?}",
             quota.burst_size(),
@@ -130,14 +95,12 @@ pub(crate) fn run(args: &CheckArgs, out: &mut impl Write) -> Result<(), UsageErr
         _ => writeln!(
             out,
             "quota \"{quota}\" ({}): {} requests per window of {:?} (burst ignored)",
-            args.algorithm
-                .to_possible_value()
-                .map_or_else(String::new, |v| v.get_name().to_owned()),
+            args.algorithm.name(),
             quota.count(),
             quota.period()
         )?,
     }
-    paced(args, out, false, || (check(), 0))
+    paced(args, out, false, || (limiter.check(), 0))
 }
 
 /// `check` with several quotas: one `MultiLimiter`.
@@ -162,10 +125,12 @@ fn run_multi(args: &CheckArgs, quotas: Quotas, out: &mut impl Write) -> Result<(
 fn check_run_time(args: &CheckArgs) -> Result<(), UsageError> {
     let run_time = args.interval.saturating_mul(args.requests - 1);
     if run_time > MAX_RUN {
-        return Err(UsageError(format!(
-            "{} requests {:?} apart would run for {run_time:?}, more than {MAX_RUN:?}",
-            args.requests, args.interval
-        )));
+        return Err(UsageError::RunTooLong {
+            requests: args.requests,
+            interval: args.interval,
+            run_time,
+            max: MAX_RUN,
+        });
     }
     Ok(())
 }
@@ -243,9 +208,9 @@ mod tests {
             quota: vec!["0/s".into()],
             requests: 1,
             interval: Duration::ZERO,
-            algorithm: CheckAlgorithm::Gcra,
+            algorithm: Algorithm::Gcra,
         };
-        let UsageError(message) = run(&args, &mut Vec::new()).unwrap_err();
+        let message = run(&args, &mut Vec::new()).unwrap_err().to_string();
         assert!(message.contains("count is 0"), "{message}");
     }
 
@@ -255,9 +220,9 @@ mod tests {
             quota: vec!["5/100ms".into()],
             requests: 1,
             interval: Duration::ZERO,
-            algorithm: CheckAlgorithm::SlidingWindow,
+            algorithm: Algorithm::SlidingWindow,
         };
-        let UsageError(message) = run(&args, &mut Vec::new()).unwrap_err();
+        let message = run(&args, &mut Vec::new()).unwrap_err().to_string();
         assert!(message.contains("sliding window"), "{message}");
     }
 
@@ -267,7 +232,7 @@ mod tests {
             quota: vec!["1/min burst 3".into()],
             requests: 4,
             interval: Duration::ZERO,
-            algorithm: CheckAlgorithm::Gcra,
+            algorithm: Algorithm::Gcra,
         };
         let mut out = Vec::new();
         run(&args, &mut out).unwrap();
@@ -282,7 +247,7 @@ mod tests {
             quota: vec!["1/min burst 3; 2/h".into()],
             requests: 3,
             interval: Duration::ZERO,
-            algorithm: CheckAlgorithm::Gcra,
+            algorithm: Algorithm::Gcra,
         };
         let mut out = Vec::new();
         run(&args, &mut out).unwrap();
@@ -302,10 +267,10 @@ mod tests {
             2
         );
         let windowed = CheckArgs {
-            algorithm: CheckAlgorithm::FixedWindow,
+            algorithm: Algorithm::FixedWindow,
             ..twice
         };
-        let UsageError(message) = run(&windowed, &mut Vec::new()).unwrap_err();
+        let message = run(&windowed, &mut Vec::new()).unwrap_err().to_string();
         assert!(message.contains("GCRA only"), "{message}");
     }
 }

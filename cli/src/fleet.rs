@@ -122,7 +122,7 @@ async fn share(
         }));
     }
     for task in tasks {
-        task.await.map_err(|e| UsageError(e.to_string()))??;
+        task.await??;
     }
     let elapsed = started.elapsed();
     let interval = gateways

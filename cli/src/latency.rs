@@ -16,10 +16,10 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use turnstile::algorithms::{FixedWindow, SlidingLog, SlidingWindow};
-use turnstile::{Decision, DirectLimiter, KeyedLimiter, QuantaClock, Quota};
+use turnstile::{Decision, KeyedLimiter, QuantaClock, Quota};
 use turnstile_test_kit::reference::SeedTokenBucket;
 
+use super::limiter::Algorithm;
 use super::UsageError;
 
 /// The most checks per row: every sample is kept (8 bytes each) to sort
@@ -148,6 +148,17 @@ impl Bench {
         }
     }
 
+    /// The algorithm of a one-bucket row the limiter factory builds.
+    fn algorithm(self) -> Option<Algorithm> {
+        match self {
+            Bench::Gcra => Some(Algorithm::Gcra),
+            Bench::FixedWindow => Some(Algorithm::FixedWindow),
+            Bench::SlidingWindow => Some(Algorithm::SlidingWindow),
+            Bench::SlidingLog => Some(Algorithm::SlidingLog),
+            _ => None,
+        }
+    }
+
     /// The keys a keyed row spreads its checks over.
     fn keys(self) -> u64 {
         match self {
@@ -162,10 +173,9 @@ impl Bench {
     /// most checks pass, within what the algorithm can hold.
     fn quota_count(self, checks: u64) -> u64 {
         let count = checks.max(MIN_QUOTA_COUNT);
-        match self {
-            Bench::FixedWindow => count.min(FixedWindow::MAX_LIMIT),
-            Bench::SlidingWindow => count.min(SlidingWindow::MAX_LIMIT),
-            _ => count,
+        match self.algorithm().and_then(Algorithm::max_limit) {
+            Some(max) => count.min(max),
+            None => count,
         }
     }
 }
@@ -279,13 +289,14 @@ where
 fn run_bench(bench: Bench, threads: usize, checks: u64) -> Result<Stats, String> {
     let count = bench.quota_count(checks);
     let quota = Quota::per_second(count).map_err(|e| e.to_string())?;
-    let clock = QuantaClock::new;
+    if let Some(algorithm) = bench.algorithm() {
+        let limiter = algorithm
+            .build(quota, QuantaClock::new())
+            .map_err(|e| e.to_string())?;
+        let _ = limiter.check();
+        return Ok(measure(threads, checks, |_| limiter.check().is_allowed()));
+    }
     Ok(match bench {
-        Bench::Gcra => {
-            let limiter = DirectLimiter::with_clock(quota, clock());
-            let _ = limiter.check();
-            measure(threads, checks, |_| limiter.check().is_allowed())
-        }
         Bench::GcraKeyed => {
             let limiter = KeyedLimiter::<u64>::new(keyed_quota(count)?);
             let _ = limiter.check(&0);
@@ -309,22 +320,8 @@ fn run_bench(bench: Bench, threads: usize, checks: u64) -> Result<Stats, String>
         Bench::GcraBatch1000 | Bench::GcraBatchMillion => {
             return Err("a batch row is measured by run_rows, one row per size".to_owned())
         }
-        Bench::FixedWindow => {
-            let window = FixedWindow::new(&quota).map_err(|e| e.to_string())?;
-            let limiter = DirectLimiter::from_algorithm(window, clock());
-            let _ = limiter.check();
-            measure(threads, checks, |_| limiter.check().is_allowed())
-        }
-        Bench::SlidingWindow => {
-            let window = SlidingWindow::new(&quota).map_err(|e| e.to_string())?;
-            let limiter = DirectLimiter::from_algorithm(window, clock());
-            let _ = limiter.check();
-            measure(threads, checks, |_| limiter.check().is_allowed())
-        }
-        Bench::SlidingLog => {
-            let log = SlidingLog::with_clock(quota, clock());
-            let _ = log.check();
-            measure(threads, checks, |_| log.check().is_allowed())
+        Bench::Gcra | Bench::FixedWindow | Bench::SlidingWindow | Bench::SlidingLog => {
+            return Err("a one-bucket row is built by the limiter factory, above".to_owned())
         }
         Bench::SeedBucket => {
             let rate = count as f64;
@@ -545,14 +542,14 @@ fn row(out: &mut impl Write, label: &str, threads: usize, s: &Stats) -> std::io:
 pub(crate) fn run(args: &LatencyArgs, out: &mut impl Write) -> Result<(), UsageError> {
     let cores = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
     let many = match args.threads {
-        Some(n) => usize::try_from(n).map_err(|e| UsageError(e.to_string()))?,
+        Some(n) => usize::try_from(n)?,
         None => cores,
     };
     if (many as u64) > args.checks {
-        return Err(UsageError(format!(
-            "--checks {} is fewer than the {many} threads: every thread needs at least one check",
-            args.checks
-        )));
+        return Err(UsageError::FewerChecksThanThreads {
+            checks: args.checks,
+            threads: many,
+        });
     }
     let benches: Vec<Bench> = if args.algorithms.is_empty() {
         Bench::ALL.to_vec()
@@ -768,7 +765,7 @@ mod tests {
             threads: Some(3),
             algorithms: vec![Bench::Gcra],
         };
-        let UsageError(message) = run(&args, &mut Vec::new()).unwrap_err();
+        let message = run(&args, &mut Vec::new()).unwrap_err().to_string();
         assert!(message.contains("fewer than"), "{message}");
     }
 }

@@ -7,45 +7,40 @@
 use std::io::Write;
 use std::time::Duration;
 
-use turnstile::algorithms::{FixedWindow, SlidingLog, SlidingWindow};
-use turnstile::{DirectLimiter, ManualClock, Quota};
+use turnstile::{ManualClock, Quota};
 use turnstile_test_kit::reference::SeedTokenBucket;
 
+use super::limiter::Algorithm;
 use super::UsageError;
 
-/// The algorithms compared, in table order.
+/// The rows of the table, in order: the limiter factory's algorithms, then
+/// the seeds' reference bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Algorithm {
-    /// GCRA through `DirectLimiter`.
-    Gcra,
-    /// `FixedWindow` through `DirectLimiter::from_algorithm`.
-    FixedWindow,
-    /// `SlidingWindow` (the sliding-window counter) through `DirectLimiter`.
-    SlidingWindow,
-    /// `SlidingLog`, the exact log of admitted requests.
-    SlidingLog,
+pub(crate) enum Row {
+    /// An algorithm the limiter factory builds.
+    Limiter(Algorithm),
     /// The seeds' `f64` token bucket (`SeedTokenBucket`).
     SeedBucket,
 }
 
-impl Algorithm {
-    /// Every algorithm, in table order.
-    pub(crate) const ALL: [Algorithm; 5] = [
-        Algorithm::Gcra,
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindow,
-        Algorithm::SlidingLog,
-        Algorithm::SeedBucket,
+impl Row {
+    /// Every row, in table order.
+    pub(crate) const ALL: [Row; 5] = [
+        Row::Limiter(Algorithm::Gcra),
+        Row::Limiter(Algorithm::FixedWindow),
+        Row::Limiter(Algorithm::SlidingWindow),
+        Row::Limiter(Algorithm::SlidingLog),
+        Row::SeedBucket,
     ];
 
     /// The row label (tests find rows by it).
     pub(crate) fn label(self) -> &'static str {
         match self {
-            Algorithm::Gcra => "GCRA (DirectLimiter)",
-            Algorithm::FixedWindow => "fixed window",
-            Algorithm::SlidingWindow => "sliding-window counter",
-            Algorithm::SlidingLog => "sliding log",
-            Algorithm::SeedBucket => "seed f64 token bucket",
+            Row::Limiter(Algorithm::Gcra) => "GCRA (DirectLimiter)",
+            Row::Limiter(Algorithm::FixedWindow) => "fixed window",
+            Row::Limiter(Algorithm::SlidingWindow) => "sliding-window counter",
+            Row::Limiter(Algorithm::SlidingLog) => "sliding log",
+            Row::SeedBucket => "seed f64 token bucket",
         }
     }
 }
@@ -61,17 +56,17 @@ enum Limit {
 }
 
 impl Limit {
-    /// The quota text that represents this limit for `algorithm`, or for the
+    /// The quota text that represents this limit for `row`, or for the
     /// seed bucket its `(capacity, refill per second)`.
-    fn quota(self, algorithm: Algorithm) -> Setting {
-        match (self, algorithm) {
-            (Limit::Capacity5Refill2PerSecond, Algorithm::SeedBucket) => Setting::Bucket(5.0, 2.0),
-            (Limit::HundredPerMinute, Algorithm::SeedBucket) => {
-                Setting::Bucket(100.0, 100.0 / 60.0)
-            }
+    fn quota(self, row: Row) -> Setting {
+        match (self, row) {
+            (Limit::Capacity5Refill2PerSecond, Row::SeedBucket) => Setting::Bucket(5.0, 2.0),
+            (Limit::HundredPerMinute, Row::SeedBucket) => Setting::Bucket(100.0, 100.0 / 60.0),
             // GCRA: one token every 1/2 s, at most 5 at once: exactly the
             // seeds' bucket, in integer nanoseconds.
-            (Limit::Capacity5Refill2PerSecond, Algorithm::Gcra) => Setting::Quota("2/s burst 5"),
+            (Limit::Capacity5Refill2PerSecond, Row::Limiter(Algorithm::Gcra)) => {
+                Setting::Quota("2/s burst 5")
+            }
             // A window has a limit and a length, no burst: 5 at once, and 5
             // again once the 5 have aged out, which is the same capacity and
             // the same long-run rate (5 per 5 / 2 s = 2/s), refilled a whole
@@ -168,46 +163,32 @@ pub(crate) struct Outcome {
 /// A limiter of any algorithm on a manual clock, reduced to "may it pass?".
 type Check = Box<dyn Fn() -> bool>;
 
-/// Builds `algorithm` for `setting` on `clock`; the typed error's message
-/// when the algorithm cannot hold that quota.
-fn build(algorithm: Algorithm, setting: Setting, clock: &ManualClock) -> Result<Check, String> {
-    let quota = |text: &str| text.parse::<Quota>().map_err(|e| e.to_string());
+/// Builds `row` for `setting` on `clock`; the typed error's message when
+/// the algorithm cannot hold that quota.
+fn build(row: Row, setting: Setting, clock: &ManualClock) -> Result<Check, String> {
     let clock = clock.clone();
-    Ok(match (algorithm, setting) {
-        (Algorithm::SeedBucket, Setting::Bucket(capacity, refill)) => {
+    Ok(match (row, setting) {
+        (Row::SeedBucket, Setting::Bucket(capacity, refill)) => {
             let bucket = SeedTokenBucket::<String, _>::with_clock(capacity, refill, clock)
                 .map_err(|e| e.to_string())?;
             Box::new(move || bucket.allow_request("user_42", 1.0))
         }
-        (_, Setting::Bucket(..)) | (Algorithm::SeedBucket, _) => {
+        (Row::Limiter(algorithm), Setting::Quota(text)) => {
+            let quota = text.parse::<Quota>().map_err(|e| e.to_string())?;
+            let limiter = algorithm.build(quota, clock).map_err(|e| e.to_string())?;
+            Box::new(move || limiter.check().is_allowed())
+        }
+        (Row::Limiter(_), Setting::Bucket(..)) | (Row::SeedBucket, Setting::Quota(_)) => {
             return Err("this algorithm takes no such setting".to_owned())
-        }
-        (Algorithm::Gcra, Setting::Quota(text)) => {
-            let limiter = DirectLimiter::with_clock(quota(text)?, clock);
-            Box::new(move || limiter.check().is_allowed())
-        }
-        (Algorithm::FixedWindow, Setting::Quota(text)) => {
-            let window = FixedWindow::new(&quota(text)?).map_err(|e| e.to_string())?;
-            let limiter = DirectLimiter::from_algorithm(window, clock);
-            Box::new(move || limiter.check().is_allowed())
-        }
-        (Algorithm::SlidingWindow, Setting::Quota(text)) => {
-            let window = SlidingWindow::new(&quota(text)?).map_err(|e| e.to_string())?;
-            let limiter = DirectLimiter::from_algorithm(window, clock);
-            Box::new(move || limiter.check().is_allowed())
-        }
-        (Algorithm::SlidingLog, Setting::Quota(text)) => {
-            let log = SlidingLog::with_clock(quota(text)?, clock);
-            Box::new(move || log.check().is_allowed())
         }
     })
 }
 
-/// Runs `scenario` on a fresh `algorithm` limiter; `Err` holds the reason
+/// Runs `scenario` on a fresh limiter of `row`; `Err` holds the reason
 /// the algorithm cannot represent the scenario's quota.
-pub(crate) fn run_one(algorithm: Algorithm, scenario: &Scenario) -> Result<Outcome, String> {
+pub(crate) fn run_one(row: Row, scenario: &Scenario) -> Result<Outcome, String> {
     let clock = ManualClock::new();
-    let check = build(algorithm, scenario.limit.quota(algorithm), &clock)?;
+    let check = build(row, scenario.limit.quota(row), &clock)?;
     let mut outcome = Outcome {
         admitted: 0,
         denied: 0,
@@ -245,13 +226,13 @@ pub(crate) fn run(out: &mut impl Write) -> Result<(), UsageError> {
     }
     writeln!(out)?;
     let mut not_applicable = Vec::new();
-    for algorithm in Algorithm::ALL {
-        write!(out, "{:<24}", algorithm.label())?;
+    for row in Row::ALL {
+        write!(out, "{:<24}", row.label())?;
         for scenario in &SCENARIOS {
-            let cell = match run_one(algorithm, scenario) {
+            let cell = match run_one(row, scenario) {
                 Ok(o) => format!("{}/{}", o.admitted, o.denied),
                 Err(reason) => {
-                    not_applicable.push((algorithm, scenario.id, reason));
+                    not_applicable.push((row, scenario.id, reason));
                     "n/a".to_owned()
                 }
             };
@@ -261,10 +242,10 @@ pub(crate) fn run(out: &mut impl Write) -> Result<(), UsageError> {
     }
     writeln!(out)?;
     writeln!(out, "Quotas (scenarios A-C | D):")?;
-    for algorithm in Algorithm::ALL {
+    for row in Row::ALL {
         let [small, minute] = [Limit::Capacity5Refill2PerSecond, Limit::HundredPerMinute]
-            .map(|limit| limit.quota(algorithm).describe());
-        writeln!(out, "  {:<24}{small} | {minute}", algorithm.label())?;
+            .map(|limit| limit.quota(row).describe());
+        writeln!(out, "  {:<24}{small} | {minute}", row.label())?;
     }
     writeln!(
         out,
@@ -273,8 +254,8 @@ pub(crate) fn run(out: &mut impl Write) -> Result<(), UsageError> {
          once) and the long-run rate (5 per 2.5 s = 2/s), but refills a whole window at a time, so\n  \
          after 1.1 s or 1.5 s nothing has come back yet (the 5 requests are 2.5 s from expiring)."
     )?;
-    for (algorithm, id, reason) in &not_applicable {
-        writeln!(out, "  n/a: {} in {id}: {reason}", algorithm.label())?;
+    for (row, id, reason) in &not_applicable {
+        writeln!(out, "  n/a: {} in {id}: {reason}", row.label())?;
     }
     Ok(())
 }
@@ -283,27 +264,28 @@ pub(crate) fn run(out: &mut impl Write) -> Result<(), UsageError> {
 mod tests {
     use super::*;
 
-    fn outcome(algorithm: Algorithm, id: char) -> (u32, u32) {
+    fn outcome(row: Row, id: char) -> (u32, u32) {
         let scenario = SCENARIOS.iter().find(|s| s.id == id).unwrap();
-        let o = run_one(algorithm, scenario).unwrap();
+        let o = run_one(row, scenario).unwrap();
         (o.admitted, o.denied)
     }
 
     #[test]
     fn gcra_and_the_seed_bucket_give_the_seeds_figures() {
-        for algorithm in [Algorithm::Gcra, Algorithm::SeedBucket] {
-            assert_eq!(outcome(algorithm, 'A'), (5, 2), "{algorithm:?}");
-            assert_eq!(outcome(algorithm, 'B'), (2, 1), "{algorithm:?}");
-            assert_eq!(outcome(algorithm, 'C'), (3, 1), "{algorithm:?}");
-            assert_eq!(outcome(algorithm, 'D'), (100, 200), "{algorithm:?}");
+        for row in [Row::Limiter(Algorithm::Gcra), Row::SeedBucket] {
+            assert_eq!(outcome(row, 'A'), (5, 2), "{row:?}");
+            assert_eq!(outcome(row, 'B'), (2, 1), "{row:?}");
+            assert_eq!(outcome(row, 'C'), (3, 1), "{row:?}");
+            assert_eq!(outcome(row, 'D'), (100, 200), "{row:?}");
         }
     }
 
     #[test]
     fn at_the_minute_boundary_only_the_fixed_window_admits_200() {
-        assert_eq!(outcome(Algorithm::FixedWindow, 'D'), (200, 100));
-        assert_eq!(outcome(Algorithm::SlidingLog, 'D'), (100, 200));
-        assert_eq!(outcome(Algorithm::SlidingWindow, 'D'), (100, 200));
+        let outcome = |algorithm| outcome(Row::Limiter(algorithm), 'D');
+        assert_eq!(outcome(Algorithm::FixedWindow), (200, 100));
+        assert_eq!(outcome(Algorithm::SlidingLog), (100, 200));
+        assert_eq!(outcome(Algorithm::SlidingWindow), (100, 200));
     }
 
     #[test]
@@ -313,21 +295,24 @@ mod tests {
             Algorithm::SlidingWindow,
             Algorithm::SlidingLog,
         ] {
-            assert_eq!(outcome(algorithm, 'A'), (5, 2), "{algorithm:?}");
-            assert_eq!(outcome(algorithm, 'B'), (0, 3), "{algorithm:?}");
-            assert_eq!(outcome(algorithm, 'C'), (0, 4), "{algorithm:?}");
+            let row = Row::Limiter(algorithm);
+            assert_eq!(outcome(row, 'A'), (5, 2), "{algorithm:?}");
+            assert_eq!(outcome(row, 'B'), (0, 3), "{algorithm:?}");
+            assert_eq!(outcome(row, 'C'), (0, 4), "{algorithm:?}");
         }
     }
 
     #[test]
     fn a_quota_an_algorithm_cannot_hold_is_a_reason_not_a_panic() {
         let clock = ManualClock::new();
-        let reason = build(Algorithm::SlidingWindow, Setting::Quota("5/100ms"), &clock)
+        let window = Row::Limiter(Algorithm::SlidingWindow);
+        let reason = build(window, Setting::Quota("5/100ms"), &clock)
             .err()
             .unwrap();
         assert!(reason.contains("sliding window"), "{reason}");
-        assert!(build(Algorithm::Gcra, Setting::Quota("0/s"), &clock).is_err());
-        assert!(build(Algorithm::SeedBucket, Setting::Bucket(0.0, 1.0), &clock).is_err());
+        let gcra = Row::Limiter(Algorithm::Gcra);
+        assert!(build(gcra, Setting::Quota("0/s"), &clock).is_err());
+        assert!(build(Row::SeedBucket, Setting::Bucket(0.0, 1.0), &clock).is_err());
     }
 
     #[test]
@@ -335,8 +320,8 @@ mod tests {
         let mut text = Vec::new();
         run(&mut text).unwrap();
         let text = String::from_utf8(text).unwrap();
-        for algorithm in Algorithm::ALL {
-            assert!(text.contains(algorithm.label()), "{text}");
+        for row in Row::ALL {
+            assert!(text.contains(row.label()), "{text}");
         }
         assert!(!text.contains("n/a"), "{text}");
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use turnstile::algorithms::SlidingLog;
+use turnstile::SlidingLog;
 use turnstile::{CostError, ManualClock, Quota};
 
 #[path = "common.rs"]

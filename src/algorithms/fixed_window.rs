@@ -3,10 +3,11 @@
 use std::num::NonZeroU64;
 use std::time::Duration;
 
-use super::{min_period_nanos, nanos_until};
-use crate::algorithm::{sealed, Algorithm, Step};
+use super::window::{min_period_nanos, nanos_until, packed_window};
+use crate::algorithms::{sealed, Algorithm, Step};
+use crate::decision::Decision;
 use crate::error::{CostError, QuotaError};
-use crate::{Decision, Quota};
+use crate::quota::Quota;
 
 /// One bucket's state: window index (39 bits) and count (low 24); the top
 /// bit is always clear (the map's cell reserves it, see `crate::cell`).
@@ -110,7 +111,7 @@ impl FixedWindow {
     /// less one value kept for the tombstone) or the period is shorter than
     /// about 2.87 ms (2^39 windows must span 50 years).
     pub fn new(quota: &Quota) -> Result<FixedWindow, QuotaError> {
-        let (period, limit) = super::packed_window(
+        let (period, limit) = packed_window(
             quota,
             "fixed window",
             MAX_LIMIT,
@@ -225,7 +226,8 @@ impl Algorithm for FixedWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DirectLimiter, ManualClock};
+    use crate::clock::ManualClock;
+    use crate::direct::DirectLimiter;
     use proptest::prelude::*;
 
     const MS: u64 = 1_000_000;

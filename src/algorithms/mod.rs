@@ -1,26 +1,46 @@
-//! The classic alternatives to GCRA (fixed window, sliding-window counter,
-//! sliding log), behind the same [`Decision`](crate::Decision).
+//! The algorithms the engine runs: the [`Algorithm`] contract, GCRA (the
+//! default) and the classic window counters, behind the same [`Decision`].
 //!
-//! GCRA ([`Gcra`](crate::Gcra)) is the default and the one to pick unless
-//! you have a reason not to. These are here for comparison, and for users
-//! whose clients already expect window semantics.
+//! One engine (the atomic cell, the keyed map, eviction) serves every
+//! algorithm whose whole state fits in one `u64`: an algorithm is a pure
+//! function `(state, now, cost) -> (new state, Decision)` plus a test for
+//! "this state is the same as no state at all", which is what makes
+//! eviction lossless. [`FromQuota`] builds one from a [`Quota`], so a
+//! limiter takes its quota once:
+//!
+//! ```
+//! use turnstile::algorithms::FixedWindow;
+//! use turnstile::KeyedLimiter;
+//!
+//! let limiter = KeyedLimiter::<u64>::builder("100/min".parse()?)
+//!     .algorithm_for::<FixedWindow>()?
+//!     .build();
+//! assert!(limiter.check(&7).is_allowed());
+//! # Ok::<(), turnstile::QuotaError>(())
+//! ```
+//!
+//! GCRA ([`Gcra`]) is the default and the one to pick unless you have a
+//! reason not to. The windows are here for comparison, and for users whose
+//! clients already expect window semantics. The exact sliding log cannot
+//! live in one word: it is a limiter of its own,
+//! [`SlidingLog`](crate::SlidingLog), compared here because it answers the
+//! same question.
 //!
 //! | algorithm | state per key | at a window boundary | bursts |
 //! |-----------|---------------|----------------------|--------|
-//! | [`Gcra`](crate::Gcra) | one `u64` (packed cell) | no boundary: tokens come back one every `T` | up to the quota's `burst`, then one per `T` |
+//! | [`Gcra`] | one `u64` (packed cell) | no boundary: tokens come back one every `T` | up to the quota's `burst`, then one per `T` |
 //! | [`FixedWindow`] | one `u64` (packed cell): window index (39 bits) and count (24 bits) | the count starts afresh, so `2 * limit` can pass in a moment straddling it | the whole `limit` at once, anywhere in the window |
 //! | [`SlidingWindow`] | one `u64` (packed cell): window index (31 bits), previous and current counts (16 bits each) | the previous window's count fades out linearly, so the spike is gone; it is an estimate that assumes the previous window's requests were spread evenly | `limit` at once from an idle start, then as the estimate allows |
-//! | [`SlidingLog`] | one entry per distinct request time, up to `limit` entries of 16 bytes, behind a `Mutex` | exact: no more than `limit` in any window of one period | the whole `limit` at once, then each slot frees exactly one period after it was taken |
+//! | [`SlidingLog`](crate::SlidingLog) | one entry per distinct request time, up to `limit` entries of 16 bytes, behind a `Mutex` | exact: no more than `limit` in any window of one period | the whole `limit` at once, then each slot frees exactly one period after it was taken |
 //!
-//! The seed scenario, limit 100 a minute with 150 requests at 59.9 s and 150
-//! at 60.1 s: the fixed window admits 200 (100 in each minute), GCRA, the
+//! At a window boundary, limit 100 a minute with 150 requests at 59.9 s and
+//! 150 at 60.1 s: the fixed window admits 200 (100 in each minute), GCRA, the
 //! sliding log and the sliding-window counter admit 100.
 //!
 //! # Quotas for windows
 //!
-//! A window algorithm counts [`Quota::count`](crate::Quota::count) requests
-//! per [`Quota::period`](crate::Quota::period); the quota's burst is a GCRA
-//! notion and is ignored. `"100/min burst 10"` is a window of one minute and
+//! A window algorithm counts [`Quota::count`] requests per
+//! [`Quota::period`]; the quota's burst is a GCRA notion and is ignored. `"100/min burst 10"` is a window of one minute and
 //! a limit of 100.
 //!
 //! # The horizon
@@ -30,87 +50,98 @@
 //! window. So `period * 2^bits` must reach a horizon of 50 years (of 365.25
 //! days) of clock time: the fixed window (39 bits) needs a period of at least
 //! about 2.87 ms, the sliding window (31 bits) at least about 0.735 s. A
-//! shorter period is a [`QuotaError::DoesNotFit`](crate::QuotaError) at
+//! shorter period is a [`QuotaError::DoesNotFit`] at
 //! construction. A clock that does run past `2^bits` windows gets denials,
 //! never a wrapped index.
 
 mod fixed_window;
-mod sliding_log;
+mod gcra;
 mod sliding_window;
+mod window;
 
-use std::num::NonZeroU64;
-use std::time::Duration;
+use crate::decision::Decision;
+use crate::error::{CostError, QuotaError};
+use crate::quota::Quota;
 
-use crate::{Quota, QuotaError};
-
-pub use crate::algorithm::Step;
 pub use fixed_window::FixedWindow;
-pub use sliding_log::SlidingLog;
+pub use gcra::Gcra;
 pub use sliding_window::SlidingWindow;
 
-/// 50 years of 365.25 days, in nanoseconds: how long after its clock's
-/// origin a packed window algorithm must keep distinct window indexes.
-pub(crate) const HORIZON_NANOS: u64 = 36_525 * 86_400 * 1_000_000_000 / 2;
-
-/// The shortest period whose `2^index_bits` windows reach the horizon.
-pub(crate) const fn min_period_nanos(index_bits: u32) -> u64 {
-    HORIZON_NANOS.div_ceil(1 << index_bits)
+/// What one decision does to the state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// The state to store, or `None` to leave the state as it was (a
+    /// denial, usually). Always below `2^63 - 4`: the keyed map keeps the
+    /// words above that for its own bookkeeping.
+    pub next: Option<u64>,
+    /// The answer for the caller.
+    pub decision: Decision,
 }
 
-/// The window length and limit of `quota` for a packed window algorithm
-/// whose count field holds at most `max_limit` (described as `count_bits`)
-/// and whose window index has `index_bits`; or why the quota does not fit.
-pub(crate) fn packed_window(
-    quota: &Quota,
-    algorithm: &'static str,
-    max_limit: u64,
-    count_bits: &str,
-    index_bits: u32,
-) -> Result<(NonZeroU64, u64), QuotaError> {
-    let does_not_fit = |reason: String| QuotaError::DoesNotFit {
-        algorithm,
-        quota: quota.to_string(),
-        reason,
-    };
-    if quota.count() > max_limit {
-        return Err(does_not_fit(format!(
-            "a limit of {} is above the maximum of {max_limit} requests per window \
-             (the count is packed in {count_bits}); use GCRA, which has no such bound",
-            quota.count()
-        )));
-    }
-    let min_period = min_period_nanos(index_bits);
-    if quota.period_nanos() < min_period {
-        return Err(does_not_fit(format!(
-            "a window of {:?} is shorter than the minimum of {:?} (the window index is \
-             packed in {index_bits} bits, and 2^{index_bits} windows must span 50 years); \
-             use a longer period, or GCRA, which has no such bound",
-            quota.period(),
-            Duration::from_nanos(min_period)
-        )));
-    }
-    let period = NonZeroU64::new(quota.period_nanos()).unwrap_or(NonZeroU64::MIN);
-    Ok((period, quota.count()))
+/// A rate-limit algorithm whose whole state is one `u64`.
+///
+/// State `0` must mean "nothing recorded": a fresh bucket starts there, and
+/// a missing key in a keyed limiter behaves as state `0`. This trait is
+/// sealed: the engine's guarantees (no lost update, lossless eviction)
+/// depend on each implementation's exact properties, which the crate's
+/// tests, fuzz targets and loom models check for the algorithms it ships.
+pub trait Algorithm: Send + Sync + sealed::Sealed {
+    /// Rejects a cost that can never be met (zero, or above the limit).
+    fn check_cost(&self, cost: u64) -> Result<(), CostError>;
+
+    /// The decision for a request of `cost` (already checked by
+    /// [`check_cost`](Algorithm::check_cost)) at time `now` on `state`.
+    /// Pure, total and saturating: no input panics or wraps.
+    fn decide(&self, state: u64, now: u64, cost: u64) -> Step;
+
+    /// Whether `state` at `now` decides every future request exactly as
+    /// state `0` would, so that forgetting it changes nothing.
+    fn is_idle(&self, state: u64, now: u64) -> bool;
 }
 
-/// Nanoseconds from `now` until `time` (a u128 so products of window
-/// indexes and periods never overflow), 0 if `time` is past, saturated at
-/// `u64::MAX`.
-pub(crate) fn nanos_until(time: u128, now: u64) -> u64 {
-    u64::try_from(time.saturating_sub(u128::from(now))).unwrap_or(u64::MAX)
+/// An algorithm that a [`Quota`] alone configures, so that a keyed limiter's
+/// builder can take the quota once and the algorithm by name
+/// ([`KeyedLimiterBuilder::algorithm_for`](crate::KeyedLimiterBuilder::algorithm_for)).
+///
+/// ```
+/// use turnstile::algorithms::{FixedWindow, FromQuota};
+/// use turnstile::{Quota, QuotaError};
+///
+/// let quota: Quota = "100/min".parse()?;
+/// assert_eq!(FixedWindow::from_quota(&quota)?, FixedWindow::new(&quota)?);
+/// // A window's count has a bound; the error says which, and why.
+/// let huge = Quota::per_minute(FixedWindow::MAX_LIMIT + 1)?;
+/// assert!(matches!(
+///     FixedWindow::from_quota(&huge),
+///     Err(QuotaError::DoesNotFit { algorithm: "fixed window", .. })
+/// ));
+/// # Ok::<(), QuotaError>(())
+/// ```
+pub trait FromQuota: Algorithm + Sized {
+    /// The algorithm of `quota`, or [`QuotaError::DoesNotFit`] naming the
+    /// bound the quota exceeds (GCRA holds every quota).
+    fn from_quota(quota: &Quota) -> Result<Self, QuotaError>;
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn horizon_bounds() {
-        assert_eq!(min_period_nanos(39), 2_870_148);
-        assert_eq!(min_period_nanos(31), 734_757_633);
-        assert!(u128::from(min_period_nanos(39)) << 39 >= u128::from(HORIZON_NANOS));
-        assert!(u128::from(min_period_nanos(39) - 1) << 39 < u128::from(HORIZON_NANOS));
-        assert_eq!(nanos_until(5, 7), 0);
-        assert_eq!(nanos_until(u128::MAX, 0), u64::MAX);
+impl FromQuota for Gcra {
+    fn from_quota(quota: &Quota) -> Result<Self, QuotaError> {
+        Ok(Gcra::new(quota))
     }
+}
+
+impl FromQuota for FixedWindow {
+    fn from_quota(quota: &Quota) -> Result<Self, QuotaError> {
+        FixedWindow::new(quota)
+    }
+}
+
+impl FromQuota for SlidingWindow {
+    fn from_quota(quota: &Quota) -> Result<Self, QuotaError> {
+        SlidingWindow::new(quota)
+    }
+}
+
+pub(crate) mod sealed {
+    /// Keeps [`Algorithm`](super::Algorithm) to the crate's own algorithms.
+    pub trait Sealed {}
 }

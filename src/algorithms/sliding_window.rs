@@ -4,10 +4,11 @@
 use std::num::NonZeroU64;
 use std::time::Duration;
 
-use super::{min_period_nanos, nanos_until};
-use crate::algorithm::{sealed, Algorithm, Step};
+use super::window::{min_period_nanos, nanos_until, packed_window};
+use crate::algorithms::{sealed, Algorithm, Step};
+use crate::decision::Decision;
 use crate::error::{CostError, QuotaError};
-use crate::{Decision, Quota};
+use crate::quota::Quota;
 
 /// One bucket's state: window index (31 bits), previous window's count
 /// (next 16), current window's count (low 16); the top bit is always clear
@@ -162,7 +163,7 @@ impl SlidingWindow {
     /// about 0.735 s (2^31 windows must span 50 years); GCRA has neither
     /// bound.
     pub fn new(quota: &Quota) -> Result<SlidingWindow, QuotaError> {
-        let (period, limit) = super::packed_window(
+        let (period, limit) = packed_window(
             quota,
             "sliding window",
             MAX_LIMIT,
@@ -352,7 +353,8 @@ impl Algorithm for SlidingWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DirectLimiter, ManualClock};
+    use crate::clock::ManualClock;
+    use crate::direct::DirectLimiter;
     use proptest::prelude::*;
 
     const MS: u64 = 1_000_000;

@@ -29,7 +29,8 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::HeaderMap;
 
-use crate::{Decision, Quota};
+use crate::decision::Decision;
+use crate::quota::Quota;
 
 /// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -194,7 +195,7 @@ mod tests {
             "\"a\";q=10;w=1, \"b\";q=1000;w=3600"
         );
         let mut headers = HeaderMap::new();
-        let decision = crate::DirectLimiter::new("1000/h".parse().unwrap()).check();
+        let decision = crate::direct::DirectLimiter::new("1000/h".parse().unwrap()).check();
         set.write(&decision, 1, &mut headers);
         let rate = headers.get(RATELIMIT).unwrap().to_str().unwrap();
         assert!(rate.starts_with("\"b\";r=999;"), "{rate}");

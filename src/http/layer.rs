@@ -18,7 +18,7 @@ use super::key::KeyExtractor;
 use super::rejection::{Denied, OnDenied};
 use super::request::RequestParts;
 use super::{grpc, problem, Limiter};
-use crate::MultiDecision;
+use crate::multi::MultiDecision;
 
 /// What the layer does when its limiter fails (a Redis limiter whose store
 /// is down): a real policy choice, between availability (fail open) and

@@ -6,9 +6,12 @@ use std::future::{ready, Future, Ready};
 use std::sync::Arc;
 
 use super::request::HttpKey;
-use crate::{
-    Clock, DirectLimiter, Gcra, KeyedLimiter, KeyedMultiLimiter, MultiDecision, MultiLimiter, Quota,
-};
+use crate::algorithms::Gcra;
+use crate::clock::Clock;
+use crate::direct::DirectLimiter;
+use crate::keyed::KeyedLimiter;
+use crate::multi::{KeyedMultiLimiter, MultiDecision, MultiLimiter};
+use crate::quota::Quota;
 
 /// A limiter the HTTP layer can ask: an asynchronous check of one request
 /// of cost 1 for a key, and the quotas it enforces (for the

@@ -15,7 +15,7 @@ use http::{Response, StatusCode};
 
 use super::headers::ceil_secs;
 use super::{grpc, problem};
-use crate::Decision;
+use crate::decision::Decision;
 
 /// A denied request, as a custom denial response sees it.
 #[derive(Clone, Copy, Debug)]

@@ -31,7 +31,7 @@ use std::borrow::Borrow;
 use std::hash::Hash;
 
 use super::KeyedLimiter;
-use crate::algorithm::Algorithm;
+use crate::algorithms::Algorithm;
 use crate::clock::Clock;
 use crate::error::BatchError;
 use crate::Decision;

@@ -8,13 +8,15 @@ use std::borrow::Borrow;
 use std::hash::Hash;
 
 use super::{Admitted, KeyedLimiter};
-use crate::algorithm::Algorithm;
+use crate::algorithms::Algorithm;
+use crate::algorithms::Gcra;
 use crate::cell::{Charge, Gone};
 use crate::clock::Clock;
+use crate::decision::Decision;
 use crate::error::CostError;
+use crate::quota::Quota;
 use crate::stats::{Event, Stats};
 use crate::sync::Ordering;
-use crate::{Decision, Gcra, Quota};
 
 impl<K, C, A> KeyedLimiter<K, C, A>
 where

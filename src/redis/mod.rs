@@ -139,7 +139,7 @@ use self::error::CallError;
 use self::lease::Leases;
 use self::metrics::Metrics;
 use self::script::{GcraScript, Reply};
-use crate::algorithm::Algorithm;
+use crate::algorithms::Algorithm;
 use crate::clock::saturating_nanos;
 use crate::{BatchError, Clock, Decision, Quota};
 

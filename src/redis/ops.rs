@@ -18,7 +18,7 @@ use redis::Script;
 use super::error::{CallError, RedisBuildError, RedisLimitError};
 use super::script::GcraScript;
 use super::{check_key, HashTag, RedisLimiter};
-use crate::algorithm::Algorithm;
+use crate::algorithms::Algorithm;
 use crate::multi::{peek_all, MultiDecision};
 use crate::{CostError, Decision, Quotas};
 

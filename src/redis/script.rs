@@ -50,7 +50,7 @@ use std::time::Duration;
 use redis::{Script, ScriptInvocation};
 
 use super::error::{CallError, RedisBuildError};
-use crate::algorithm::Algorithm;
+use crate::algorithms::Algorithm;
 use crate::{Decision, Gcra, Quota};
 
 /// The largest `tau = B × T` the script holds, in microseconds (2^52).

@@ -15,11 +15,12 @@
 
 use std::num::NonZeroU64;
 
-use crate::algorithm::{sealed, Algorithm, Step};
+use crate::algorithms::{sealed, Algorithm, Step};
 use crate::cell::Charge;
 use crate::cell::STATE_END;
+use crate::decision::Decision;
 use crate::error::CostError;
-use crate::{Decision, Quota};
+use crate::quota::Quota;
 
 /// The GCRA parameters of one quota: the pure decision function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -7,15 +7,16 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::clock::{Clock, DefaultClock};
+use crate::decision::Decision;
 use crate::error::CostError;
-use crate::{Decision, Quota};
+use crate::quota::Quota;
 
 /// The exact sliding log: at most `limit` requests in any period-long
 /// stretch of time. Memory grows with the limit, and checks take a lock:
 /// see the notes below.
 ///
 /// ```
-/// use turnstile::algorithms::SlidingLog;
+/// use turnstile::SlidingLog;
 /// use turnstile::{ManualClock, Quota};
 /// use std::time::Duration;
 ///
@@ -221,7 +222,7 @@ impl<C: Clock> fmt::Debug for SlidingLog<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ManualClock;
+    use crate::clock::ManualClock;
     use std::sync::Arc;
 
     const MS: u64 = 1_000_000;
