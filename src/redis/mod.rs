@@ -525,19 +525,9 @@ impl RedisLimiter {
     where
         K: AsRef<[u8]> + Sync,
     {
-        if keys.len() != costs.len() {
-            return Err(BatchError::LengthMismatch {
-                keys: keys.len(),
-                costs: costs.len(),
-            }
-            .into());
-        }
-        for (index, &cost) in costs.iter().enumerate() {
-            self.script
-                .gcra()
-                .check_cost(cost)
-                .map_err(|source| BatchError::Cost { index, source })?;
-        }
+        BatchError::check(keys.len(), costs, |cost| {
+            self.script.gcra().check_cost(cost)
+        })?;
         self.batch(keys, |i| costs[i], out).await
     }
 
