@@ -136,7 +136,9 @@ use crate::sync::{AtomicU64, Ordering};
 use crate::{Decision, Gcra, Quota};
 
 /// Clock time between two housekeeping steps.
-pub(crate) const TICK: u64 = 1_000_000;
+pub(crate) const TICK: std::time::Duration = std::time::Duration::from_millis(1);
+/// [`TICK`] in the clock's nanoseconds, as the check compares it.
+const TICK_NANOS: u64 = TICK.as_nanos() as u64;
 /// Slots one housekeeping step sweeps (or copies): a few microseconds of
 /// work, taken by one caller once per `TICK`.
 pub(crate) const SWEEP_SLOTS: usize = 256;
@@ -487,7 +489,7 @@ where
             .next_tick
             .compare_exchange(
                 due,
-                now.saturating_add(TICK),
+                now.saturating_add(TICK_NANOS),
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             )
@@ -629,7 +631,7 @@ where
             clock: self.clock,
             max_keys: self.max_keys,
             overflow: self.overflow,
-            next_tick: AtomicU64::new(TICK),
+            next_tick: AtomicU64::new(TICK_NANOS),
             counters: Counters::default(),
         }
     }
@@ -773,7 +775,7 @@ mod tests {
         // Traffic from one user: each tick of clock time, a bit of housekeeping.
         let mut checks = 0;
         while limiter.len() > 1 || limiter.capacity() > 64 {
-            clock.advance(Duration::from_nanos(TICK));
+            clock.advance(TICK);
             let _ = limiter.check(&u64::MAX);
             checks += 1;
             assert!(
