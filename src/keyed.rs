@@ -892,7 +892,5 @@ mod bounds {
         fn shareable<T: Send + Sync>() {}
         shareable::<super::KeyedLimiter<String>>();
         shareable::<super::KeyedLimiter<u64, crate::ManualClock>>();
-        shareable::<crate::DirectLimiter>();
-        shareable::<crate::DirectLimiter<crate::RecentClock, crate::algorithms::FixedWindow>>();
     }
 }
