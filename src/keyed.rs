@@ -648,7 +648,7 @@ impl<K, C: fmt::Debug, A: fmt::Debug> fmt::Debug for KeyedLimiterBuilder<K, C, A
     }
 }
 
-#[cfg(all(test, not(turnstile_loom)))]
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::ManualClock;
@@ -884,7 +884,7 @@ mod tests {
     }
 }
 
-#[cfg(all(test, not(turnstile_loom)))]
+#[cfg(test)]
 mod bounds {
     /// Shared by `&` or `Arc` across threads: a compile-time check.
     #[test]

@@ -190,7 +190,7 @@ where
     }
 }
 
-#[cfg(all(test, not(turnstile_loom)))]
+#[cfg(test)]
 mod tests {
     use crate::{KeyedLimiter, ManualClock, Quota};
 
