@@ -11,8 +11,8 @@ use crate::decision::Decision;
 use crate::keyed::{KeyedLimiter, KeyedLimiterBuilder};
 use crate::quota::Quota;
 
-/// Clock time between two housekeeping steps of a keyed limiter, in ns.
-pub const TICK: u64 = crate::keyed::TICK;
+/// Clock time between two housekeeping steps of a keyed limiter.
+pub const TICK: std::time::Duration = crate::keyed::TICK;
 
 /// A quota's emission interval `T`, in nanoseconds.
 pub fn interval_nanos(quota: &Quota) -> u64 {

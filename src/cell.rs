@@ -413,7 +413,7 @@ impl Cell {
     }
 }
 
-#[cfg(all(test, not(turnstile_loom)))]
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::Gcra;

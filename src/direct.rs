@@ -253,3 +253,14 @@ impl<C: Clock, A: Algorithm + fmt::Debug> fmt::Debug for DirectLimiter<C, A> {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Shared by `&` or `Arc` across threads: a compile-time check.
+    #[test]
+    fn limiters_are_send_and_sync() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<super::DirectLimiter>();
+        shareable::<super::DirectLimiter<crate::RecentClock, crate::algorithms::FixedWindow>>();
+    }
+}

@@ -152,3 +152,25 @@ pub enum BatchError {
         source: CostError,
     },
 }
+
+impl BatchError {
+    /// Checks a batch before any of it is decided: one cost per key, and
+    /// every cost one that `check_cost` (the limiter's algorithm) can meet.
+    /// Shared by the local and the Redis batch, so both refuse alike.
+    pub(crate) fn check(
+        keys: usize,
+        costs: &[u64],
+        check_cost: impl Fn(u64) -> Result<(), CostError>,
+    ) -> Result<(), BatchError> {
+        if keys != costs.len() {
+            return Err(BatchError::LengthMismatch {
+                keys,
+                costs: costs.len(),
+            });
+        }
+        for (index, &cost) in costs.iter().enumerate() {
+            check_cost(cost).map_err(|source| BatchError::Cost { index, source })?;
+        }
+        Ok(())
+    }
+}

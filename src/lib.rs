@@ -68,6 +68,19 @@
 //!   new key without tracking it instead.
 //! - Keys are independent: there is no cross-key ordering.
 
+// The unit tests are plain `#[cfg(test)]` and never built with
+// `--cfg turnstile_loom` (scripts/loom.sh): that cfg swaps in loom's atomics
+// (`sync`), which panic outside a `loom::model` ("cannot access Loom
+// execution state"), so every test that touches a cell, a map, a limiter or
+// a `ManualClock` would fail for that alone; with loom.sh's second cfg,
+// `crossbeam_loom`, the dev-dependencies do not even build. The loom models
+// in `loom-tests/` test that code; refusing the build keeps the unit tests
+// from ever half-running.
+#[cfg(all(test, turnstile_loom))]
+compile_error!(
+    "unit tests do not build under --cfg turnstile_loom: scripts/loom.sh runs the loom models"
+);
+
 pub mod algorithms;
 mod cell;
 pub mod clock;

@@ -214,12 +214,12 @@ fn check_all(
 /// Rollbacks that found the limit's state moved since their charge: read
 /// by the moving-clock stress test, which must see the race to mean
 /// anything. Test builds only; under loom a probe counts it instead.
-#[cfg(all(test, not(turnstile_loom)))]
+#[cfg(test)]
 static RACED_ROLLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 #[inline]
 fn count_raced_rollback() {
-    #[cfg(all(test, not(turnstile_loom)))]
+    #[cfg(test)]
     RACED_ROLLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     #[cfg(turnstile_loom)]
     crate::probe::hit(&crate::probe::MULTI_ROLLBACK_RACED);
@@ -655,7 +655,7 @@ where
     }
 }
 
-#[cfg(all(test, not(turnstile_loom)))]
+#[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;

@@ -66,9 +66,12 @@ pub static COPIED_BY_READER: Probe = Probe::new();
 /// A thread that would have copied a frozen bucket found another thread
 /// copying it (it won the CAS to COPYING first), and waited for its copy.
 pub static COPY_WON_BY_ANOTHER: Probe = Probe::new();
-/// A thread met a slot claimed by an insert still writing its key, or a
-/// bucket being copied, and waited for it.
+/// A thread met a slot claimed by an insert still writing its key, and
+/// waited for it to be published.
 pub static WAITED_FOR_BUSY_SLOT: Probe = Probe::new();
+/// A thread met a bucket that another thread is copying into the successor
+/// (COPYING), and waited for the copy to land.
+pub static WAITED_FOR_COPY: Probe = Probe::new();
 /// A migration's chunk met a slot claimed by an insert still writing its
 /// key, and waited for it before freezing and copying it.
 pub static MIGRATION_WAITED_FOR_INSERT: Probe = Probe::new();

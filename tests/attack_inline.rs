@@ -60,6 +60,21 @@ fn wait_progress(last: &mut u64, n: u64) {
     *last = PROGRESS.load(Ordering::Relaxed);
 }
 
+/// Holds this thread until the replay's `stage` reaches `at_least`: the
+/// gate through which each replay's `Hash` and `Eq` force their
+/// interleaving (defects A and B). A stage that never comes fails the test
+/// instead of hanging it.
+fn wait_for(stage: &AtomicUsize, at_least: usize) {
+    let start = std::time::Instant::now();
+    while stage.load(Ordering::SeqCst) < at_least {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "stage {at_least} never came"
+        );
+        thread::yield_now();
+    }
+}
+
 /// Made/dropped counters for one test's keys.
 #[derive(Debug)]
 struct Counts {
@@ -826,17 +841,6 @@ thread_local! {
     static READER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-fn wait_for(stage: usize) {
-    let start = std::time::Instant::now();
-    while STAGE.load(Ordering::SeqCst) < stage {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "stage {stage} never came"
-        );
-        thread::yield_now();
-    }
-}
-
 /// A key whose `Hash` and `Eq` drive the interleaving. It owns no heap
 /// memory on purpose: with a `String` inside, the double drop below is a
 /// double free and glibc aborts the test binary ("malloc_consolidate():
@@ -872,7 +876,7 @@ impl PartialEq for Gate {
             // The reader is in `place_copy` for TARGET, after `copy_frozen`
             // read its frozen live word: let the migrating thread go on.
             STAGE.store(2, Ordering::SeqCst);
-            wait_for(3);
+            wait_for(&STAGE, 3);
         }
         self.id == other.id
     }
@@ -883,7 +887,7 @@ impl Hash for Gate {
         if self.id == TARGET && MIGRATOR.with(|m| m.get()) {
             // `migrate_slot` froze TARGET's slot and hashes its key.
             STAGE.store(1, Ordering::SeqCst);
-            wait_for(2);
+            wait_for(&STAGE, 2);
             panic!("hostile hash of the target key");
         }
         // One probe chain for every key.
@@ -944,7 +948,7 @@ fn defect_a_replay() {
             let reader_saw = thread::scope(|s| {
                 let reader = s.spawn(|| {
                     READER.with(|r| r.set(true));
-                    wait_for(1);
+                    wait_for(&STAGE, 1);
                     let decision = limiter.check(&Gate::new(TARGET));
                     READER.with(|r| r.set(false));
                     decision.is_allowed()
@@ -1124,17 +1128,6 @@ thread_local! {
     static LIES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-fn liar_wait_for(stage: usize) {
-    let start = std::time::Instant::now();
-    while LIAR_STAGE.load(Ordering::SeqCst) < stage {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "stage {stage} never came"
-        );
-        thread::yield_now();
-    }
-}
-
 #[derive(Debug)]
 struct Liar {
     id: u64,
@@ -1167,7 +1160,7 @@ impl Hash for Liar {
             // `migrate_slot` froze the target and hashes it: let the reader
             // copy it first.
             LIAR_STAGE.store(1, Ordering::SeqCst);
-            liar_wait_for(2);
+            wait_for(&LIAR_STAGE, 2);
         }
         0u64.hash(h);
     }
@@ -1203,7 +1196,7 @@ fn defect_b_an_inconsistent_eq_makes_two_copies_of_one_bucket() {
         let len_before = limiter.len();
         thread::scope(|s| {
             s.spawn(|| {
-                liar_wait_for(1);
+                wait_for(&LIAR_STAGE, 1);
                 assert!(limiter.check(&Liar::new(LIAR_TARGET)).is_allowed());
                 LIAR_STAGE.store(2, Ordering::SeqCst);
             });

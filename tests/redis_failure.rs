@@ -9,7 +9,7 @@ use turnstile_test_kit::redis_server;
 use std::time::{Duration, Instant};
 
 use redis_server::RedisServer;
-use turnstile::redis::{BreakerConfig, BreakerState, FailurePolicy, RedisLimiter};
+use turnstile::redis::{BreakerConfig, BreakerState, FailurePolicy, RedisCallError, RedisLimiter};
 use turnstile::{KeyedLimiter, Quota};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -71,7 +71,14 @@ async fn outage(policy: FailurePolicy) -> Result<u32, Box<dyn std::error::Error>
     // 3 failed calls opened the breaker; the other 17 never called Redis.
     assert_eq!(m.redis_errors + m.timeouts, 3, "{m:?}");
     assert_eq!(m.fallback_decisions, 20);
-    assert!(limiter.last_error().is_some());
+    assert!(
+        matches!(
+            limiter.last_error(),
+            Some(RedisCallError::Timeout | RedisCallError::Redis(_))
+        ),
+        "{:?}",
+        limiter.last_error()
+    );
 
     // An open breaker costs no timeout: 1,000 checks in far less than one.
     let started = Instant::now();

@@ -190,6 +190,11 @@ fn update_races_growth() {
         &probe::COPY_WON_BY_ANOTHER,
         "a copier finding the other thread copying the bucket, and waiting",
     );
+    reached(
+        since,
+        &probe::WAITED_FOR_COPY,
+        "a thread waiting while the other thread's copy of the bucket lands",
+    );
 }
 
 /// (e) A reader holding its slot while the bucket is evicted, left behind by

@@ -116,17 +116,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K>,
     {
-        if keys.len() != costs.len() {
-            return Err(BatchError::LengthMismatch {
-                keys: keys.len(),
-                costs: costs.len(),
-            });
-        }
-        for (index, &cost) in costs.iter().enumerate() {
-            self.algorithm
-                .check_cost(cost)
-                .map_err(|source| BatchError::Cost { index, source })?;
-        }
+        BatchError::check(keys.len(), costs, |cost| self.algorithm.check_cost(cost))?;
         self.batch(keys, |i| costs[i], out, PREFETCH_DISTANCE);
         Ok(())
     }
@@ -200,7 +190,7 @@ where
     }
 }
 
-#[cfg(all(test, not(turnstile_loom)))]
+#[cfg(test)]
 mod tests {
     use crate::{KeyedLimiter, ManualClock, Quota};
 

@@ -239,7 +239,7 @@ impl<K: Hash + Eq> Pinned<'_, K> {
 }
 
 /// Small enough for Miri (the README's test command runs them under it).
-#[cfg(all(test, not(turnstile_loom)))]
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::Gcra;

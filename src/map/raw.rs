@@ -405,6 +405,17 @@ enum Moved {
     Dropped,
 }
 
+/// How `move_bucket` left a frozen live bucket.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Move {
+    /// In the successor, copied by this thread.
+    CopiedHere,
+    /// In the successor, copied by another thread (this one waited).
+    CopiedByAnother,
+    /// Lost: the successor had no room, which its sizing rules out.
+    Lost,
+}
+
 /// The map's shared state. All methods take a `Guard` pinned on the map's
 /// collector (the safe front, `super::Map`, makes sure of that).
 pub(crate) struct RawMap<K> {
@@ -674,13 +685,15 @@ impl<K: Hash + Eq> RawMap<K> {
                 // SAFETY: checked non-null; the successor is retired only
                 // through the epoch, which `guard` holds off.
                 if let Some(next) = unsafe { next.as_ref() } {
-                    if self.move_bucket(slot, next, state, hash) {
+                    if self.move_bucket(slot, next, state, hash) == Move::CopiedHere {
                         #[cfg(turnstile_loom)]
                         crate::probe::hit(&crate::probe::COPIED_BY_READER);
                     }
                 }
             }
-            (Seen::Copying, _) => Self::wait_for_copy(slot),
+            (Seen::Copying, _) => {
+                Self::wait_for_copy(slot);
+            }
             // Copied or buried since the caller looked.
             _ => {}
         }
@@ -692,36 +705,45 @@ impl<K: Hash + Eq> RawMap<K> {
     /// key never has two owners and no second copy is ever placed, however
     /// its `Eq` behaves. The winner places the copy and marks the slot
     /// COPIED, with no code of the key's in between; a loser waits for that
-    /// mark. Returns whether this call copied it.
-    fn move_bucket(&self, slot: &Slot<K>, next: &Table<K>, state: u64, hash: u64) -> bool {
+    /// mark. Returns how the move ended, as this thread saw it.
+    fn move_bucket(&self, slot: &Slot<K>, next: &Table<K>, state: u64, hash: u64) -> Move {
         if !slot.cell.start_copy(state) {
             #[cfg(turnstile_loom)]
             crate::probe::hit(&crate::probe::COPY_WON_BY_ANOTHER);
-            Self::wait_for_copy(slot);
-            return false;
+            return match Self::wait_for_copy(slot) {
+                Seen::Copied => Move::CopiedByAnother,
+                _ => Move::Lost,
+            };
         }
         // SAFETY: the word was live before this thread froze or won it: the
         // key is published; the caller's guard keeps both tables alive.
         if unsafe { next.place_copy(slot, state, hash) } {
             slot.cell.finish_copy();
+            Move::CopiedHere
         } else {
             // No room: impossible by the sizing argument, but a lost bucket
             // is a better failure than a hang.
             debug_assert!(false, "a copy found its successor full");
             slot.cell.abandon_copy();
             self.len.fetch_sub(1, Ordering::Relaxed);
+            Move::Lost
         }
-        true
     }
 
     /// Waits while another thread copies the bucket in `slot` (a few steps
-    /// with no code of the key's: see `move_bucket`).
-    fn wait_for_copy(slot: &Slot<K>) {
+    /// with no code of the key's: see `move_bucket`); returns what the slot
+    /// holds after the copy (COPIED, or dead if the copy was abandoned).
+    fn wait_for_copy(slot: &Slot<K>) -> Seen {
         let mut waited = 0;
-        while Seen::of(slot.cell.word()).0 == Seen::Copying {
-            #[cfg(turnstile_loom)]
-            crate::probe::hit(&crate::probe::WAITED_FOR_BUSY_SLOT);
-            wait_briefly(&mut waited);
+        loop {
+            match Seen::of(slot.cell.word()).0 {
+                Seen::Copying => {
+                    #[cfg(turnstile_loom)]
+                    crate::probe::hit(&crate::probe::WAITED_FOR_COPY);
+                    wait_briefly(&mut waited);
+                }
+                seen => return seen,
+            }
         }
     }
 
@@ -1014,10 +1036,9 @@ impl<K: Hash + Eq> RawMap<K> {
         // caller's) keeps both tables alive.
         let hash = unsafe { slot.hash_with(&self.hasher) };
         // A reader that met the bucket frozen may have copied it already.
-        self.move_bucket(slot, next, state, hash);
-        match Seen::of(slot.cell.word()).0 {
-            Seen::Copied => Moved::Copied,
-            _ => Moved::Dropped,
+        match self.move_bucket(slot, next, state, hash) {
+            Move::CopiedHere | Move::CopiedByAnother => Moved::Copied,
+            Move::Lost => Moved::Dropped,
         }
     }
 
@@ -1184,8 +1205,8 @@ impl<K> Table<K> {
                     continue;
                 }
                 (Seen::Empty, true) => return false,
-                // Its key is not yet known; the slot may end up free again
-                // for no one, but it is filled within a few steps.
+                // A BUSY slot may hold any key, and its insert publishes it
+                // within a few steps: wait for it.
                 (Seen::Busy, _) => {
                     #[cfg(turnstile_loom)]
                     crate::probe::hit(&crate::probe::WAITED_FOR_BUSY_SLOT);

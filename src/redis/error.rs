@@ -2,8 +2,9 @@
 //! represent, a bad URL or setting) and per call (a bad key or cost).
 //!
 //! Redis being slow or gone is not an error of `check`: the
-//! [`FailurePolicy`](super::FailurePolicy) decides those requests, and the
-//! [metrics](super::MetricsSnapshot) count them.
+//! [`FailurePolicy`](super::FailurePolicy) decides those requests, the
+//! [metrics](super::MetricsSnapshot) count them, and the last
+//! [`RedisCallError`] is kept for operators.
 
 use std::time::Duration;
 
@@ -79,35 +80,31 @@ pub enum RedisLimitError {
     },
 }
 
-/// Why one Redis call gave no decision (internal: turned into a fallback
-/// decision by the failure policy, and counted).
-#[derive(Debug)]
-pub(crate) enum CallError {
+/// Why one Redis call gave no decision. The [failure
+/// policy](super::FailurePolicy) decides the request instead and the
+/// [metrics](super::MetricsSnapshot) count it; the last one is kept for
+/// operators ([`RedisLimiter::last_error`](super::RedisLimiter::last_error)).
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedisCallError {
     /// No reply within the timeout.
+    #[error("no reply within the timeout")]
     Timeout,
     /// Redis (or the connection to it) failed.
+    #[error(transparent)]
     Redis(redis::RedisError),
-    /// A reply that is not what the script returns.
+    /// A reply that is not what the script returns (the reply, as text).
+    #[error("unexpected script reply {0}")]
     BadReply(String),
 }
 
-impl std::fmt::Display for CallError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            CallError::Timeout => f.write_str("no reply within the timeout"),
-            CallError::Redis(error) => write!(f, "{error}"),
-            CallError::BadReply(reply) => write!(f, "unexpected script reply {reply}"),
-        }
-    }
-}
-
-impl CallError {
+impl RedisCallError {
     /// The redis crate reports its own response timeouts as errors.
     pub(crate) fn from_redis(error: redis::RedisError) -> Self {
         if error.is_timeout() {
-            CallError::Timeout
+            RedisCallError::Timeout
         } else {
-            CallError::Redis(error)
+            RedisCallError::Redis(error)
         }
     }
 }

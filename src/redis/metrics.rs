@@ -12,7 +12,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 
 use super::breaker::Transition;
-use super::error::CallError;
+use super::error::RedisCallError;
 
 /// What a limiter has done since it was built.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -79,7 +79,7 @@ pub(crate) struct Metrics {
     /// Microseconds; `None` if the histogram could not be created.
     latency: Mutex<Option<Histogram<u64>>>,
     /// The last failed call's error, for operators.
-    last_error: Mutex<Option<String>>,
+    last_error: Mutex<Option<RedisCallError>>,
 }
 
 /// Longest latency recorded exactly, in µs (longer ones are clamped).
@@ -126,18 +126,18 @@ impl Metrics {
 
     /// A failed call: counted as a timeout or an error, and kept as the
     /// last error.
-    pub(crate) fn failure(&self, error: &CallError) {
+    pub(crate) fn failure(&self, error: &RedisCallError) {
         match error {
-            CallError::Timeout => bump(&self.timeouts),
-            CallError::Redis(_) | CallError::BadReply(_) => bump(&self.redis_errors),
+            RedisCallError::Timeout => bump(&self.timeouts),
+            RedisCallError::Redis(_) | RedisCallError::BadReply(_) => bump(&self.redis_errors),
         }
         *self
             .last_error
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(error.to_string());
+            .unwrap_or_else(PoisonError::into_inner) = Some(error.clone());
     }
 
-    pub(crate) fn last_error(&self) -> Option<String> {
+    pub(crate) fn last_error(&self) -> Option<RedisCallError> {
         self.last_error
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

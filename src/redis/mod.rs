@@ -21,7 +21,9 @@
 //!   spend them locally, for at most `gateways × (k − 1)` extra admissions
 //!   per window;
 //! - **metrics** ([`MetricsSnapshot`]): allowed, denied, errors, timeouts,
-//!   breaker transitions, fallback decisions, and the call's P50/P95/P99.
+//!   breaker transitions, fallback decisions, and the call's P50/P95/P99;
+//!   the last failed call's [`RedisCallError`] from
+//!   [`RedisLimiter::last_error`].
 //!
 //! The script, and why it counts microseconds: [`script`].
 //!
@@ -127,7 +129,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use breaker::{BreakerConfig, BreakerState};
-pub use error::{RedisBuildError, RedisLimitError};
+pub use error::{RedisBuildError, RedisCallError, RedisLimitError};
 pub use metrics::{LatencySnapshot, MetricsSnapshot};
 pub use ops::RedisMulti;
 pub use policy::FailurePolicy;
@@ -135,7 +137,6 @@ pub use script::{MAX_NOW_MICROS, MAX_TOLERANCE_MICROS};
 
 use self::breaker::{Admission, Breaker};
 use self::connection::Connection;
-use self::error::CallError;
 use self::lease::Leases;
 use self::metrics::Metrics;
 use self::script::{GcraScript, Reply};
@@ -524,19 +525,9 @@ impl RedisLimiter {
     where
         K: AsRef<[u8]> + Sync,
     {
-        if keys.len() != costs.len() {
-            return Err(BatchError::LengthMismatch {
-                keys: keys.len(),
-                costs: costs.len(),
-            }
-            .into());
-        }
-        for (index, &cost) in costs.iter().enumerate() {
-            self.script
-                .gcra()
-                .check_cost(cost)
-                .map_err(|source| BatchError::Cost { index, source })?;
-        }
+        BatchError::check(keys.len(), costs, |cost| {
+            self.script.gcra().check_cost(cost)
+        })?;
         self.batch(keys, |i| costs[i], out).await
     }
 
@@ -638,7 +629,7 @@ impl RedisLimiter {
         pending: &[usize],
         want: Want,
         now_micros: Option<u64>,
-    ) -> Vec<(Vec<usize>, Result<Vec<Reply>, CallError>)> {
+    ) -> Vec<(Vec<usize>, Result<Vec<Reply>, RedisCallError>)> {
         let redis_keys: Vec<(usize, Vec<u8>)> = pending
             .iter()
             .map(|&i| (i, self.redis_key(requests[i].0)))
@@ -673,8 +664,8 @@ impl RedisLimiter {
                     let reply =
                         tokio::time::timeout_at(deadline, self.connection.invoke(&invocation))
                             .await
-                            .map_err(|_| CallError::Timeout)?
-                            .map_err(CallError::from_redis)?;
+                            .map_err(|_| RedisCallError::Timeout)?
+                            .map_err(RedisCallError::from_redis)?;
                     self.metrics.latency(started.elapsed());
                     self.script.decode(&reply, &costs)
                 }
@@ -791,7 +782,7 @@ impl RedisLimiter {
 
     /// The last failed Redis call's error (a timeout, a refused
     /// connection, a server error), if any: for logs and operators.
-    pub fn last_error(&self) -> Option<String> {
+    pub fn last_error(&self) -> Option<RedisCallError> {
         self.metrics.last_error()
     }
 }

@@ -15,7 +15,7 @@
 
 use redis::Script;
 
-use super::error::{CallError, RedisBuildError, RedisLimitError};
+use super::error::{RedisBuildError, RedisCallError, RedisLimitError};
 use super::script::GcraScript;
 use super::{check_key, HashTag, RedisLimiter};
 use crate::algorithms::Algorithm;
@@ -199,15 +199,20 @@ async fn run_script(
     }
     let reply = tokio::time::timeout(limiter.timeout, limiter.connection.invoke(&call))
         .await
-        .map_err(|_| CallError::Timeout)
-        .and_then(|r| r.map_err(CallError::from_redis))
+        .map_err(|_| RedisCallError::Timeout)
+        .and_then(|r| r.map_err(RedisCallError::from_redis))
         .map_err(|e| RedisLimitError::Unavailable(e.to_string()))?;
     decode(&reply, op, scripts, n).map_err(|e| RedisLimitError::Unavailable(e.to_string()))
 }
 
 /// Checks a reply against each limit's pure GCRA.
-fn decode(reply: &[i64], op: Op, scripts: &[GcraScript], n: u64) -> Result<Outcome, CallError> {
-    let bad = |why: &str| CallError::BadReply(format!("{why}: {reply:?}"));
+fn decode(
+    reply: &[i64],
+    op: Op,
+    scripts: &[GcraScript],
+    n: u64,
+) -> Result<Outcome, RedisCallError> {
+    let bad = |why: &str| RedisCallError::BadReply(format!("{why}: {reply:?}"));
     if reply.len() != scripts.len() + 2 {
         return Err(bad("expected {flag, now, tat...}"));
     }
@@ -226,7 +231,7 @@ fn decode(reply: &[i64], op: Op, scripts: &[GcraScript], n: u64) -> Result<Outco
                 .decide(value(tat)? * NANOS_PER_MICRO, now, n)
                 .decision)
         })
-        .collect::<Result<Vec<Decision>, CallError>>()?;
+        .collect::<Result<Vec<Decision>, RedisCallError>>()?;
     let flag = reply[0];
     if matches!(op, Op::Check | Op::Peek)
         && (flag == 1) != decisions.iter().all(Decision::is_allowed)

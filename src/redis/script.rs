@@ -49,7 +49,7 @@ use std::time::Duration;
 
 use redis::{Script, ScriptInvocation};
 
-use super::error::{CallError, RedisBuildError};
+use super::error::{RedisBuildError, RedisCallError};
 use crate::algorithms::Algorithm;
 use crate::{Decision, Gcra, Quota};
 
@@ -163,8 +163,12 @@ impl GcraScript {
 
     /// Checks a reply to a call of `costs.len()` requests against the pure
     /// GCRA and turns it into one [`Reply`] per request, in order.
-    pub(crate) fn decode(&self, reply: &[i64], costs: &[u64]) -> Result<Vec<Reply>, CallError> {
-        let bad = |why: &str| CallError::BadReply(format!("{why}: {reply:?}"));
+    pub(crate) fn decode(
+        &self,
+        reply: &[i64],
+        costs: &[u64],
+    ) -> Result<Vec<Reply>, RedisCallError> {
+        let bad = |why: &str| RedisCallError::BadReply(format!("{why}: {reply:?}"));
         let Some((&now, pairs)) = reply.split_first() else {
             return Err(bad("expected {now, granted, tat, ...}"));
         };
@@ -243,11 +247,23 @@ mod tests {
         // A full bucket denies: the script saying "allowed" is a bad reply.
         let full = now + 2_500_000;
         assert!(one(&[now, 0, full]).unwrap().decision.is_denied());
-        assert!(matches!(one(&[now, 1, full]), Err(CallError::BadReply(_))));
-        assert!(matches!(one(&[now, 1]), Err(CallError::BadReply(_))));
-        assert!(matches!(one(&[now, -1, 0]), Err(CallError::BadReply(_))));
-        assert!(matches!(one(&[now, 9, 0]), Err(CallError::BadReply(_))));
-        assert!(matches!(s.decode(&[], &[]), Err(CallError::BadReply(_))));
+        assert!(matches!(
+            one(&[now, 1, full]),
+            Err(RedisCallError::BadReply(_))
+        ));
+        assert!(matches!(one(&[now, 1]), Err(RedisCallError::BadReply(_))));
+        assert!(matches!(
+            one(&[now, -1, 0]),
+            Err(RedisCallError::BadReply(_))
+        ));
+        assert!(matches!(
+            one(&[now, 9, 0]),
+            Err(RedisCallError::BadReply(_))
+        ));
+        assert!(matches!(
+            s.decode(&[], &[]),
+            Err(RedisCallError::BadReply(_))
+        ));
     }
 
     #[test]
