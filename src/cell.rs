@@ -47,8 +47,8 @@
 //! reason: a reader that sees COPIED goes on to read the successor's copy.
 
 use crate::algorithms::Algorithm;
+use crate::decision::Decision;
 use crate::sync::{AtomicU64, Ordering};
-use crate::Decision;
 
 /// The first state an algorithm may not produce: the words from here on
 /// are the map's (see the module docs).
@@ -416,7 +416,7 @@ impl Cell {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Gcra;
+    use crate::algorithms::Gcra;
 
     #[test]
     fn two_threads_share_one_bucket_exactly() {

@@ -261,6 +261,7 @@ mod tests {
     fn limiters_are_send_and_sync() {
         fn shareable<T: Send + Sync>() {}
         shareable::<super::DirectLimiter>();
-        shareable::<super::DirectLimiter<crate::RecentClock, crate::algorithms::FixedWindow>>();
+        shareable::<super::DirectLimiter<crate::clock::RecentClock, crate::algorithms::FixedWindow>>(
+        );
     }
 }

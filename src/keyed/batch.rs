@@ -33,8 +33,8 @@ use std::hash::Hash;
 use super::KeyedLimiter;
 use crate::algorithms::Algorithm;
 use crate::clock::Clock;
+use crate::decision::Decision;
 use crate::error::BatchError;
-use crate::Decision;
 
 /// Keys hashed and prefetched together: their hashes live on the stack.
 const LANES: usize = 32;
@@ -192,7 +192,9 @@ where
 
 #[cfg(test)]
 mod tests {
-    use crate::{KeyedLimiter, ManualClock, Quota};
+    use crate::clock::ManualClock;
+    use crate::keyed::KeyedLimiter;
+    use crate::quota::Quota;
 
     /// Every distance, including none and more than a lane, decides alike.
     #[test]

@@ -242,7 +242,7 @@ impl<K: Hash + Eq> Pinned<'_, K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Gcra;
+    use crate::algorithms::Gcra;
 
     fn never_idle(_: u64) -> bool {
         false

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use crate::{BatchError, CostError};
+use crate::error::{BatchError, CostError};
 
 /// Why a [`RedisLimiter`](super::RedisLimiter) could not be built.
 #[derive(Debug, thiserror::Error)]

@@ -16,7 +16,8 @@ use std::sync::Arc;
 
 use super::{RedisLimitError, RedisLimiter};
 use crate::http::{HttpKey, Limiter};
-use crate::{MultiDecision, Quota};
+use crate::multi::MultiDecision;
+use crate::quota::Quota;
 
 impl Limiter for Arc<RedisLimiter> {
     type Error = RedisLimitError;

@@ -8,7 +8,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::clock::saturating_nanos;
-use crate::Decision;
+use crate::decision::Decision;
 
 /// One gateway's unspent tokens of one key.
 #[derive(Debug, Clone, Copy)]

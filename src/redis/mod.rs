@@ -142,7 +142,10 @@ use self::metrics::Metrics;
 use self::script::{GcraScript, Reply};
 use crate::algorithms::Algorithm;
 use crate::clock::saturating_nanos;
-use crate::{BatchError, Clock, Decision, Quota};
+use crate::clock::Clock;
+use crate::decision::Decision;
+use crate::error::BatchError;
+use crate::quota::Quota;
 
 /// The call timeout unless set: tens of milliseconds, about 200 loopback
 /// round trips, short enough that a stalled Redis barely shows.

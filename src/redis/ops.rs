@@ -19,8 +19,10 @@ use super::error::{RedisBuildError, RedisCallError, RedisLimitError};
 use super::script::GcraScript;
 use super::{check_key, HashTag, RedisLimiter};
 use crate::algorithms::Algorithm;
+use crate::decision::Decision;
+use crate::error::CostError;
 use crate::multi::{peek_all, MultiDecision};
-use crate::{CostError, Decision, Quotas};
+use crate::quotas::Quotas;
 
 const NANOS_PER_MICRO: u64 = 1_000;
 

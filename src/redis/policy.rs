@@ -14,7 +14,8 @@ use std::num::NonZeroU64;
 use std::time::Duration;
 
 use crate::clock::saturating_nanos;
-use crate::{Decision, KeyedLimiter};
+use crate::decision::Decision;
+use crate::keyed::KeyedLimiter;
 
 /// What a check answers when Redis cannot decide.
 // One policy per limiter, built once and never moved on a hot path: boxing

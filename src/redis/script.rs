@@ -51,7 +51,9 @@ use redis::{Script, ScriptInvocation};
 
 use super::error::{RedisBuildError, RedisCallError};
 use crate::algorithms::Algorithm;
-use crate::{Decision, Gcra, Quota};
+use crate::algorithms::Gcra;
+use crate::decision::Decision;
+use crate::quota::Quota;
 
 /// The largest `tau = B × T` the script holds, in microseconds (2^52).
 pub const MAX_TOLERANCE_MICROS: u64 = 1 << 52;

@@ -190,7 +190,7 @@ impl<K, C: Clock> fmt::Debug for SeedTokenBucket<K, C> {
     }
 }
 
-#[cfg(all(test, not(turnstile_loom)))]
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
