@@ -34,7 +34,7 @@ use std::fmt::Write as _;
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
-use turnstile::{KeyedLimiter, Quota};
+use turnstile_rl::{KeyedLimiter, Quota};
 use turnstile_test_kit::reference::SeedTokenBucket;
 
 use turnstile_test_kit::heap;

@@ -30,8 +30,8 @@ use ipnet::IpNet;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use serde::Deserialize;
 use tracing_subscriber::EnvFilter;
-use turnstile::http::{ClientIp, HttpKey, KeyExtractor, OnBadKey, RateLimitLayer};
-use turnstile::{KeyedLimiter, KeyedMultiLimiter, Quota};
+use turnstile_rl::http::{ClientIp, HttpKey, KeyExtractor, OnBadKey, RateLimitLayer};
+use turnstile_rl::{KeyedLimiter, KeyedMultiLimiter, Quota};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -156,8 +156,8 @@ fn app(config: &Config, limited: bool) -> Result<(Router, Limiters), Error> {
             // Several quotas: one layer, all or nothing. One policy name per
             // quota, so each shows apart in the headers and the gauges.
             let names: Vec<String> = quotas.iter().map(|text| format!("{base}:{text}")).collect();
-            let limits =
-                turnstile::Quotas::new(parsed).map_err(|e| format!("route {}: {e}", route.path))?;
+            let limits = turnstile_rl::Quotas::new(parsed)
+                .map_err(|e| format!("route {}: {e}", route.path))?;
             let limiter = Arc::new(KeyedMultiLimiter::<HttpKey>::new(limits));
             for (i, name) in names.iter().enumerate() {
                 let gauge = Arc::clone(&limiter);

@@ -17,8 +17,8 @@ use bytes::Bytes;
 use http::{HeaderName, Request, Response};
 use tower::Layer;
 use tower::{Service, ServiceExt};
-use turnstile::http::{HttpKey, KeyExtractor, RateLimitLayer};
-use turnstile::KeyedLimiter;
+use turnstile_rl::http::{HttpKey, KeyExtractor, RateLimitLayer};
+use turnstile_rl::KeyedLimiter;
 
 const REQUESTS: u32 = 1_000_000;
 

@@ -154,7 +154,7 @@ impl Clock for MonotonicClock {
 /// limiter that holds the other.
 ///
 /// ```
-/// use turnstile::{DirectLimiter, ManualClock, Quota};
+/// use turnstile_rl::{DirectLimiter, ManualClock, Quota};
 /// use std::time::Duration;
 ///
 /// let clock = ManualClock::new();
@@ -163,7 +163,7 @@ impl Clock for MonotonicClock {
 /// assert!(limiter.check().is_denied());
 /// clock.advance(Duration::from_secs(1));
 /// assert!(limiter.check().is_allowed());
-/// # Ok::<(), turnstile::QuotaError>(())
+/// # Ok::<(), turnstile_rl::QuotaError>(())
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct ManualClock {

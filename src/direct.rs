@@ -18,13 +18,13 @@ use crate::quota::Quota;
 /// [`from_algorithm`](DirectLimiter::from_algorithm).
 ///
 /// ```
-/// use turnstile::{DirectLimiter, Quota};
+/// use turnstile_rl::{DirectLimiter, Quota};
 ///
 /// let limiter = DirectLimiter::new(Quota::per_second(50)?);
 /// let decision = limiter.check();
 /// assert!(decision.is_allowed());
 /// assert_eq!(decision.remaining(), 49);
-/// # Ok::<(), turnstile::QuotaError>(())
+/// # Ok::<(), turnstile_rl::QuotaError>(())
 /// ```
 pub struct DirectLimiter<C: Clock = DefaultClock, A: Algorithm = Gcra> {
     cell: Cell,
@@ -98,13 +98,13 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
     /// decided exactly as if this call had not been made.
     ///
     /// ```
-    /// use turnstile::DirectLimiter;
+    /// use turnstile_rl::DirectLimiter;
     ///
     /// let limiter = DirectLimiter::new("3/min".parse()?);
     /// assert_eq!(limiter.peek().remaining(), 2);
     /// assert_eq!(limiter.peek().remaining(), 2, "peeking took nothing");
     /// assert_eq!(limiter.check().remaining(), 2);
-    /// # Ok::<(), turnstile::QuotaError>(())
+    /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
     pub fn peek(&self) -> Decision {
         // Cost 1 is always valid: every algorithm's limit is at least 1.
@@ -115,12 +115,12 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
     /// not a denial, when `n` is 0 or above the burst.
     ///
     /// ```
-    /// use turnstile::{CostError, DirectLimiter};
+    /// use turnstile_rl::{CostError, DirectLimiter};
     ///
     /// let limiter = DirectLimiter::new("10/s".parse()?);
     /// assert!(limiter.peek_n(10).unwrap().is_allowed());
     /// assert_eq!(limiter.peek_n(0), Err(CostError::Zero));
-    /// # Ok::<(), turnstile::QuotaError>(())
+    /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
     pub fn peek_n(&self, n: u64) -> Result<Decision, CostError> {
         self.algorithm.check_cost(n)?;
@@ -131,14 +131,14 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
     /// it was in use. One CAS: a check racing it lands before or after.
     ///
     /// ```
-    /// use turnstile::DirectLimiter;
+    /// use turnstile_rl::DirectLimiter;
     ///
     /// let limiter = DirectLimiter::new("1/h".parse()?);
     /// let _ = limiter.check();
     /// assert!(limiter.check().is_denied());
     /// assert!(limiter.reset());
     /// assert!(limiter.check().is_allowed());
-    /// # Ok::<(), turnstile::QuotaError>(())
+    /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
     pub fn reset(&self) -> bool {
         // State 0 is a full bucket for every algorithm.
@@ -168,7 +168,7 @@ impl<C: Clock> DirectLimiter<C, Gcra> {
     /// own instant. An error, not a no-op, when `n` is 0 or above the burst.
     ///
     /// ```
-    /// use turnstile::DirectLimiter;
+    /// use turnstile_rl::DirectLimiter;
     ///
     /// let limiter = DirectLimiter::new("10/min".parse()?);
     /// assert_eq!(limiter.check_n(3)?.remaining(), 7);
@@ -224,7 +224,7 @@ impl<C: Clock> DirectLimiter<C, Gcra> {
     /// it must change while shared.
     ///
     /// ```
-    /// use turnstile::{DirectLimiter, ManualClock};
+    /// use turnstile_rl::{DirectLimiter, ManualClock};
     ///
     /// let mut limiter = DirectLimiter::with_clock("10/s burst 20".parse()?, ManualClock::new());
     /// let _ = limiter.check_n(10)?; // half the burst spent

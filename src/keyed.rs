@@ -205,7 +205,7 @@ pub enum OverflowPolicy {
 /// the limiter by a `Box`, an `Arc` or a digest of it instead.
 ///
 /// ```
-/// use turnstile::{KeyedLimiter, Quota};
+/// use turnstile_rl::{KeyedLimiter, Quota};
 ///
 /// let limiter = KeyedLimiter::<String>::new(Quota::per_minute(100)?);
 /// // Lookups borrow: checking a `&str` allocates nothing for a known key.
@@ -213,7 +213,7 @@ pub enum OverflowPolicy {
 /// assert_eq!(limiter.check("user_42").remaining(), 98);
 /// assert_eq!(limiter.check("user_7").remaining(), 99);
 /// assert_eq!(limiter.len(), 2);
-/// # Ok::<(), turnstile::QuotaError>(())
+/// # Ok::<(), turnstile_rl::QuotaError>(())
 /// ```
 pub struct KeyedLimiter<K, C: Clock = DefaultClock, A: Algorithm = Gcra> {
     map: Map<K>,
@@ -516,14 +516,14 @@ where
     /// carries its backlog over, which is what an upgrade should do).
     ///
     /// ```
-    /// use turnstile::{KeyedLimiter, Quota};
+    /// use turnstile_rl::{KeyedLimiter, Quota};
     ///
     /// let free: Quota = "10/min".parse()?;
     /// let gold: Quota = "1000/min".parse()?;
     /// let limiter = KeyedLimiter::<String>::new(free);
     /// assert_eq!(limiter.check_with("gold-customer", &gold).remaining(), 999);
     /// assert_eq!(limiter.check("free-customer").remaining(), 9);
-    /// # Ok::<(), turnstile::QuotaError>(())
+    /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
     #[inline]
     pub fn check_with<Q>(&self, key: &Q, quota: &Quota) -> Decision
@@ -596,8 +596,8 @@ where
     /// the quota (a window's limit or period out of its bounds).
     ///
     /// ```
-    /// use turnstile::algorithms::{FixedWindow, SlidingWindow};
-    /// use turnstile::{KeyedLimiter, Quota, QuotaError};
+    /// use turnstile_rl::algorithms::{FixedWindow, SlidingWindow};
+    /// use turnstile_rl::{KeyedLimiter, Quota, QuotaError};
     ///
     /// let limiter = KeyedLimiter::<String>::builder("100/min".parse()?)
     ///     .algorithm_for::<FixedWindow>()?

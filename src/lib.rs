@@ -8,7 +8,7 @@
 //! # Quick start
 //!
 //! ```
-//! use turnstile::{DirectLimiter, Quota};
+//! use turnstile_rl::{DirectLimiter, Quota};
 //!
 //! let limiter = DirectLimiter::new("10/s burst 20".parse()?);
 //! let decision = limiter.check();
@@ -17,7 +17,7 @@
 //! } else {
 //!     // answer 429 with Retry-After: decision.retry_after()
 //! }
-//! # Ok::<(), turnstile::QuotaError>(())
+//! # Ok::<(), turnstile_rl::QuotaError>(())
 //! ```
 //!
 //! # What a user holds

@@ -136,7 +136,7 @@ impl MultiDecision {
     /// tokens left.
     ///
     /// ```
-    /// use turnstile::MultiLimiter;
+    /// use turnstile_rl::MultiLimiter;
     ///
     /// let limiter = MultiLimiter::new("10/s burst 20; 5/min".parse()?);
     /// let d = limiter.check();
@@ -284,7 +284,7 @@ fn check_cost(quotas: &Quotas, n: u64) -> Result<(), CostError> {
 /// nothing from any limit.
 ///
 /// ```
-/// use turnstile::{ManualClock, MultiLimiter};
+/// use turnstile_rl::{ManualClock, MultiLimiter};
 ///
 /// let limiter = MultiLimiter::with_clock("10/s burst 20; 25/h".parse()?, ManualClock::new());
 /// let admitted = (0..30).filter(|_| limiter.check().is_allowed()).count();
@@ -323,7 +323,7 @@ impl<C: Clock> MultiLimiter<C> {
     /// Decides one request of cost 1 against every limit.
     ///
     /// ```
-    /// use turnstile::MultiLimiter;
+    /// use turnstile_rl::MultiLimiter;
     ///
     /// let limiter = MultiLimiter::new("1/s; 100/h".parse()?);
     /// assert!(limiter.check().is_allowed());
@@ -339,7 +339,7 @@ impl<C: Clock> MultiLimiter<C> {
     /// smallest burst.
     ///
     /// ```
-    /// use turnstile::{CostError, MultiLimiter};
+    /// use turnstile_rl::{CostError, MultiLimiter};
     ///
     /// let limiter = MultiLimiter::new("10/s burst 20; 1000/h".parse()?);
     /// assert_eq!(limiter.check_n(5).unwrap().decision().remaining(), 15);
@@ -357,7 +357,7 @@ impl<C: Clock> MultiLimiter<C> {
     /// The decision a check of cost `n` would get now, taking nothing.
     ///
     /// ```
-    /// use turnstile::MultiLimiter;
+    /// use turnstile_rl::MultiLimiter;
     ///
     /// let limiter = MultiLimiter::new("5/s; 100/h".parse()?);
     /// assert_eq!(limiter.peek_n(1)?.decision().remaining(), 4);
@@ -373,7 +373,7 @@ impl<C: Clock> MultiLimiter<C> {
     /// Returns whether any limit took some back.
     ///
     /// ```
-    /// use turnstile::MultiLimiter;
+    /// use turnstile_rl::MultiLimiter;
     ///
     /// let limiter = MultiLimiter::new("5/s; 100/h".parse()?);
     /// let _ = limiter.check_n(2)?;
@@ -392,7 +392,7 @@ impl<C: Clock> MultiLimiter<C> {
     /// Fills every limit's bucket again. Returns whether any was in use.
     ///
     /// ```
-    /// use turnstile::MultiLimiter;
+    /// use turnstile_rl::MultiLimiter;
     ///
     /// let limiter = MultiLimiter::new("1/s; 100/h".parse()?);
     /// let _ = limiter.check();
@@ -437,7 +437,7 @@ impl<C: Clock> MultiLimiter<C> {
 /// Several limits per key, all or nothing: one [`KeyedLimiter`] per limit.
 ///
 /// ```
-/// use turnstile::{KeyedMultiLimiter, ManualClock};
+/// use turnstile_rl::{KeyedMultiLimiter, ManualClock};
 ///
 /// let limiter = KeyedMultiLimiter::<String, _>::with_clock(
 ///     "10/s burst 20; 1000/h".parse()?,
@@ -500,7 +500,7 @@ where
     /// or above the smallest burst.
     ///
     /// ```
-    /// use turnstile::KeyedMultiLimiter;
+    /// use turnstile_rl::KeyedMultiLimiter;
     ///
     /// let limiter = KeyedMultiLimiter::<u64>::new("10/s; 15/h".parse()?);
     /// assert!(limiter.check_n(&1, 10)?.is_allowed());
@@ -523,7 +523,7 @@ where
     /// nothing and inserting nothing.
     ///
     /// ```
-    /// use turnstile::KeyedMultiLimiter;
+    /// use turnstile_rl::KeyedMultiLimiter;
     ///
     /// let limiter = KeyedMultiLimiter::<String>::new("10/s; 5/min".parse()?);
     /// let d = limiter.peek("alice");
@@ -542,7 +542,7 @@ where
     /// The decision a check of cost `n` for `key` would get now.
     ///
     /// ```
-    /// use turnstile::KeyedMultiLimiter;
+    /// use turnstile_rl::KeyedMultiLimiter;
     ///
     /// let limiter = KeyedMultiLimiter::<u64>::new("10/s; 15/h".parse()?);
     /// let _ = limiter.check_n(&1, 8)?;
@@ -563,7 +563,7 @@ where
     /// [`KeyedLimiter::refund`]). Returns whether any limit took some back.
     ///
     /// ```
-    /// use turnstile::KeyedMultiLimiter;
+    /// use turnstile_rl::KeyedMultiLimiter;
     ///
     /// let limiter = KeyedMultiLimiter::<u64>::new("10/s; 15/h".parse()?);
     /// let _ = limiter.check_n(&1, 10)?;
@@ -585,7 +585,7 @@ where
     /// Forgets `key` in every limit. Returns whether any tracked it.
     ///
     /// ```
-    /// use turnstile::KeyedMultiLimiter;
+    /// use turnstile_rl::KeyedMultiLimiter;
     ///
     /// let limiter = KeyedMultiLimiter::<u64>::new("1/s; 15/h".parse()?);
     /// let _ = limiter.check(&1);
@@ -607,7 +607,7 @@ where
     /// Forgets every key in every limit. Returns how many buckets went.
     ///
     /// ```
-    /// use turnstile::KeyedMultiLimiter;
+    /// use turnstile_rl::KeyedMultiLimiter;
     ///
     /// let limiter = KeyedMultiLimiter::<u64>::new("10/s; 5/min".parse()?);
     /// let _ = limiter.check(&1);

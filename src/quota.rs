@@ -42,7 +42,7 @@ const NANOS_PER_SEC: u64 = 1_000_000_000;
 /// the problem; none panics.
 ///
 /// ```
-/// use turnstile::Quota;
+/// use turnstile_rl::Quota;
 /// use std::time::Duration;
 ///
 /// let q = Quota::per_minute(100)?;
@@ -52,7 +52,7 @@ const NANOS_PER_SEC: u64 = 1_000_000_000;
 /// let q: Quota = "10/s burst 20".parse()?;
 /// assert_eq!(q, Quota::per_second(10)?.burst(20)?);
 /// assert_eq!(q.to_string(), "10/s burst 20");
-/// # Ok::<(), turnstile::QuotaError>(())
+/// # Ok::<(), turnstile_rl::QuotaError>(())
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct Quota {

@@ -21,7 +21,7 @@ pub const MAX_LIMITS: usize = 8;
 /// request.
 ///
 /// ```
-/// use turnstile::{Quota, Quotas, QuotasError};
+/// use turnstile_rl::{Quota, Quotas, QuotasError};
 ///
 /// let quotas: Quotas = "10/s burst 20; 1000/h".parse()?;
 /// assert_eq!(quotas.len(), 2);
@@ -46,12 +46,12 @@ impl Quotas {
     /// [`MAX_LIMITS`].
     ///
     /// ```
-    /// use turnstile::{Quota, Quotas, QuotasError};
+    /// use turnstile_rl::{Quota, Quotas, QuotasError};
     ///
     /// let quotas = Quotas::new([Quota::per_second(10)?, Quota::per_hour(1000)?]).unwrap();
     /// assert_eq!(quotas.min_burst(), 10);
     /// assert_eq!(Quotas::new([]), Err(QuotasError::Empty));
-    /// # Ok::<(), turnstile::QuotaError>(())
+    /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
     pub fn new(quotas: impl IntoIterator<Item = Quota>) -> Result<Quotas, QuotasError> {
         let quotas: Vec<Quota> = quotas.into_iter().collect();

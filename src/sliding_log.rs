@@ -16,8 +16,8 @@ use crate::quota::Quota;
 /// see the notes below.
 ///
 /// ```
-/// use turnstile::SlidingLog;
-/// use turnstile::{ManualClock, Quota};
+/// use turnstile_rl::SlidingLog;
+/// use turnstile_rl::{ManualClock, Quota};
 /// use std::time::Duration;
 ///
 /// let clock = ManualClock::starting_at(Duration::from_millis(59_900));
@@ -28,7 +28,7 @@ use crate::quota::Quota;
 /// assert!(denied.is_denied());
 /// // The 100 leave the log one minute after they came: at 119.9 s.
 /// assert_eq!(denied.retry_after(), Some(Duration::from_millis(59_800)));
-/// # Ok::<(), turnstile::QuotaError>(())
+/// # Ok::<(), turnstile_rl::QuotaError>(())
 /// ```
 ///
 /// A request of cost `n` at `now` passes iff the requests logged in

@@ -13,7 +13,7 @@ use crate::sync::{AtomicU64, Ordering};
 /// A snapshot of a limiter's gauges and counters.
 ///
 /// ```
-/// use turnstile::{KeyedLimiter, Quota};
+/// use turnstile_rl::{KeyedLimiter, Quota};
 ///
 /// let limiter = KeyedLimiter::<u64>::new("10/s".parse()?);
 /// let _ = limiter.check(&1);
@@ -21,7 +21,7 @@ use crate::sync::{AtomicU64, Ordering};
 /// assert_eq!(stats.live_keys, 1);
 /// assert!(stats.capacity >= 1);
 /// assert_eq!(stats.overflow_refusals, 0);
-/// # Ok::<(), turnstile::QuotaError>(())
+/// # Ok::<(), turnstile_rl::QuotaError>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]

@@ -90,8 +90,8 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), turnstile::QuotaError> {
-    /// use turnstile::DirectLimiter;
+    /// # async fn main() -> Result<(), turnstile_rl::QuotaError> {
+    /// use turnstile_rl::DirectLimiter;
     ///
     /// // An upstream that takes 100 requests a second, one at a time.
     /// let upstream = DirectLimiter::new("100/s burst 1".parse()?);

@@ -14,7 +14,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use turnstile::{KeyedLimiter, ManualClock, Quota};
+use turnstile_rl::{KeyedLimiter, ManualClock, Quota};
 
 use turnstile_test_kit::heap;
 

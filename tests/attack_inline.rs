@@ -17,8 +17,8 @@ use std::sync::Mutex;
 use std::thread;
 use std::time::Duration;
 
-use turnstile::__private::HasherSeed as _;
-use turnstile::{KeyedLimiter, ManualClock, OverflowPolicy, Quota};
+use turnstile_rl::__private::HasherSeed as _;
+use turnstile_rl::{KeyedLimiter, ManualClock, OverflowPolicy, Quota};
 
 use turnstile_test_kit::heap;
 use turnstile_test_kit::within;

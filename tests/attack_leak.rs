@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use turnstile::{KeyedLimiter, ManualClock, Quota};
+use turnstile_rl::{KeyedLimiter, ManualClock, Quota};
 
 use turnstile_test_kit::heap;
 
@@ -63,7 +63,7 @@ impl Drop for Holder {
                     let bt = std::backtrace::Backtrace::force_capture().to_string();
                     for l in bt
                         .lines()
-                        .filter(|l| l.contains("turnstile::") || l.contains("crossbeam_epoch::"))
+                        .filter(|l| l.contains("turnstile_rl::") || l.contains("crossbeam_epoch::"))
                     {
                         eprintln!("BT {l}");
                     }

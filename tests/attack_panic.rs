@@ -9,7 +9,7 @@ use std::hash::{Hash, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use turnstile::{KeyedLimiter, ManualClock, OverflowPolicy, Quota};
+use turnstile_rl::{KeyedLimiter, ManualClock, OverflowPolicy, Quota};
 
 static ARMED: AtomicBool = AtomicBool::new(false);
 

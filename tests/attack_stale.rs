@@ -14,7 +14,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use turnstile::{Clock, KeyedLimiter, ManualClock, Quota};
+use turnstile_rl::{Clock, KeyedLimiter, ManualClock, Quota};
 
 use turnstile_test_kit::watchdog;
 use watchdog::Watchdog;

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use turnstile::algorithms::{FixedWindow, SlidingWindow};
-use turnstile::{
+use turnstile_rl::algorithms::{FixedWindow, SlidingWindow};
+use turnstile_rl::{
     Decision, DirectLimiter, Gcra, KeyedLimiter, ManualClock, OverflowPolicy, Quota, SlidingLog,
 };
 
@@ -61,9 +61,9 @@ fn quotas(n: u64, period: Duration, burst: u64) -> Vec<Quota> {
 fn touch_quota(q: &Quota) {
     let _ = (q.count(), q.period(), q.burst_size(), q.emission_interval());
     let _ = (
-        turnstile::__private::interval_nanos(q),
-        turnstile::__private::period_nanos(q),
-        turnstile::__private::tolerance_nanos(q),
+        turnstile_rl::__private::interval_nanos(q),
+        turnstile_rl::__private::period_nanos(q),
+        turnstile_rl::__private::tolerance_nanos(q),
     );
     let _ = q.to_string().parse::<Quota>();
 }

@@ -18,8 +18,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{FileFailurePersistence, TestRunner};
-use turnstile::algorithms::Step;
-use turnstile::{CostError, Decision, DirectLimiter, Gcra, ManualClock, Quota};
+use turnstile_rl::algorithms::Step;
+use turnstile_rl::{CostError, Decision, DirectLimiter, Gcra, ManualClock, Quota};
 use turnstile_test_kit::reference::SeedTokenBucket;
 
 /// 2,000 cases a property; failures are kept in `proptest-regressions/`
@@ -101,7 +101,7 @@ fn start() -> impl Strategy<Value = u64> {
 fn forward_timeline(len: usize) -> impl Strategy<Value = (Quota, Vec<(u64, u64)>)> {
     quota().prop_flat_map(move |q| {
         let steps = prop::collection::vec(
-            step(turnstile::__private::interval_nanos(&q), q.burst_size()),
+            step(turnstile_rl::__private::interval_nanos(&q), q.burst_size()),
             1..=len,
         );
         (Just(q), start(), steps).prop_map(|(q, start, steps)| {
@@ -121,7 +121,7 @@ fn forward_timeline(len: usize) -> impl Strategy<Value = (Quota, Vec<(u64, u64)>
 /// A quota and a timeline whose clock may also step back, by any amount.
 fn wild_timeline(len: usize) -> impl Strategy<Value = (Quota, Vec<(u64, u64)>)> {
     quota().prop_flat_map(move |q| {
-        let t = turnstile::__private::interval_nanos(&q);
+        let t = turnstile_rl::__private::interval_nanos(&q);
         let moves = prop::collection::vec(
             (
                 step(t, q.burst_size()),
@@ -193,7 +193,7 @@ fn assert_rate_bound(
 ) -> Result<(), TestCaseError> {
     let (b, t) = (
         u128::from(q.burst_size()),
-        u128::from(turnstile::__private::interval_nanos(q)),
+        u128::from(turnstile_rl::__private::interval_nanos(q)),
     );
     let stop = steps
         .iter()
@@ -269,7 +269,7 @@ proptest! {
     #[test]
     fn a_backwards_reading_never_turns_a_denial_into_an_allow(
         (q, tat, m, back, cost) in quota().prop_flat_map(|q| {
-            let t = turnstile::__private::interval_nanos(&q);
+            let t = turnstile_rl::__private::interval_nanos(&q);
             (Just(q), tat(t), any::<u64>(), any::<u64>(), 1..=q.burst_size())
         })
     ) {
@@ -310,7 +310,7 @@ proptest! {
                 prop_assert_eq!(step.next.is_some(), step.decision.is_allowed());
                 if let Some(next) = step.next {
                     prop_assert!(next < Gcra::TAT_END);
-                    prop_assert!(u128::from(next) >= u128::from(now) + u128::from(cost) * u128::from(turnstile::__private::interval_nanos(&q)));
+                    prop_assert!(u128::from(next) >= u128::from(now) + u128::from(cost) * u128::from(turnstile_rl::__private::interval_nanos(&q)));
                 }
                 prop_assert!(step.decision.remaining() <= b);
             }
@@ -341,18 +341,18 @@ proptest! {
     #[test]
     fn decision_invariants(
         (q, tat, now, cost) in quota().prop_flat_map(|q| {
-            let t = turnstile::__private::interval_nanos(&q);
+            let t = turnstile_rl::__private::interval_nanos(&q);
             (Just(q), tat(t), prop_oneof![any::<u64>(), 0u64..=1_000_000_000_000, tat(t)], 1..=q.burst_size())
         })
     ) {
         let g = Gcra::new(&q);
-        let (b, t) = (q.burst_size(), turnstile::__private::interval_nanos(&q));
+        let (b, t) = (q.burst_size(), turnstile_rl::__private::interval_nanos(&q));
         let d = g.check(tat, now, cost).unwrap().decision;
         prop_assert!(d.remaining() <= b);
         prop_assert_eq!(d.limit(), b);
         if d.is_allowed() {
             prop_assert_eq!(d.retry_after(), None);
-            prop_assert!(nanos(d.reset_after()) <= turnstile::__private::tolerance_nanos(&q));
+            prop_assert!(nanos(d.reset_after()) <= turnstile_rl::__private::tolerance_nanos(&q));
             prop_assert!(u128::from(nanos(d.reset_after())) >= u128::from(cost) * u128::from(t));
             if tat <= now {
                 prop_assert_eq!(d.remaining(), b - cost, "full bucket");
@@ -507,8 +507,8 @@ fn compare(q: &Quota, rate: f64, timeline: &[(u64, u64)]) -> Comparison {
     let g = Gcra::new(q);
     let (b, t, tau) = (
         q.burst_size(),
-        turnstile::__private::interval_nanos(q),
-        turnstile::__private::tolerance_nanos(q),
+        turnstile_rl::__private::interval_nanos(q),
+        turnstile_rl::__private::tolerance_nanos(q),
     );
     let mut f64_bucket = F64Bucket {
         capacity: b as f64,
@@ -575,7 +575,7 @@ proptest! {
     #[test]
     fn f64_token_bucket_agrees_away_from_the_boundary(
         ((q, rate), (start, timeline)) in exact_quota().prop_flat_map(|(q, rate)| {
-            (Just((q, rate)), f64_timeline(turnstile::__private::interval_nanos(&q), q.burst_size(), 32))
+            (Just((q, rate)), f64_timeline(turnstile_rl::__private::interval_nanos(&q), q.burst_size(), 32))
         })
     ) {
         let _ = start;
@@ -594,7 +594,7 @@ proptest! {
     #[test]
     fn seed_token_bucket_is_the_inline_f64_model(
         ((q, rate), (start, timeline)) in exact_quota().prop_flat_map(|(q, rate)| {
-            (Just((q, rate)), f64_timeline(turnstile::__private::interval_nanos(&q), q.burst_size(), 32))
+            (Just((q, rate)), f64_timeline(turnstile_rl::__private::interval_nanos(&q), q.burst_size(), 32))
         })
     ) {
         let _ = start;
@@ -634,7 +634,11 @@ fn measure_f64_disagreement() {
                 .prop_flat_map(|(q, rate)| {
                     (
                         Just((q, rate)),
-                        f64_timeline(turnstile::__private::interval_nanos(&q), q.burst_size(), 32),
+                        f64_timeline(
+                            turnstile_rl::__private::interval_nanos(&q),
+                            q.burst_size(),
+                            32,
+                        ),
                     )
                 })
                 .boxed(),
@@ -643,7 +647,7 @@ fn measure_f64_disagreement() {
             "arbitrary nanoseconds",
             exact_quota()
                 .prop_flat_map(move |(q, rate)| {
-                    let t = turnstile::__private::interval_nanos(&q);
+                    let t = turnstile_rl::__private::interval_nanos(&q);
                     let b = q.burst_size();
                     let steps =
                         prop::collection::vec((0..=t.saturating_mul(2), 1..=b.min(3)), 1..=32);
@@ -666,7 +670,7 @@ fn measure_f64_disagreement() {
                         .ok()?
                         .burst(burst)
                         .ok()?;
-                    turnstile::__private::period_nanos(&q)
+                    turnstile_rl::__private::period_nanos(&q)
                         .is_multiple_of(count)
                         .then(|| (q, count as f64 / secs as f64))
                 })

@@ -13,8 +13,8 @@ use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
-use turnstile::http::{ClientIp, HttpKey, KeyExtractor, RateLimitLayer};
-use turnstile::{KeyedLimiter, ManualClock};
+use turnstile_rl::http::{ClientIp, HttpKey, KeyExtractor, RateLimitLayer};
+use turnstile_rl::{KeyedLimiter, ManualClock};
 
 /// Serves the health service behind `layer` on a free loopback port;
 /// returns a connected client.

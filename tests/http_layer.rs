@@ -11,10 +11,10 @@ use axum::http::{HeaderName, StatusCode};
 use axum::routing::get;
 use axum::Router;
 use reqwest::header::HeaderValue;
-use turnstile::http::{
+use turnstile_rl::http::{
     ClientIp, HttpKey, KeyExtractor, LayerError, Limiter, OnBadKey, OnLimiterError, RateLimitLayer,
 };
-use turnstile::{KeyedLimiter, KeyedMultiLimiter, ManualClock, MultiDecision, Quota};
+use turnstile_rl::{KeyedLimiter, KeyedMultiLimiter, ManualClock, MultiDecision, Quota};
 
 use http_server::serve;
 use turnstile_test_kit::http_server;
@@ -496,7 +496,7 @@ async fn user_ids_from_an_auth_layer_and_custom_keys() {
         .key(KeyExtractor::custom(|parts| {
             match parts.uri.query().and_then(|q| q.strip_prefix("tenant=")) {
                 Some(tenant) if !tenant.is_empty() => Ok(HttpKey::new(tenant.to_owned())),
-                _ => Err(turnstile::http::KeyError::Rejected("no tenant".into())),
+                _ => Err(turnstile_rl::http::KeyError::Rejected("no tenant".into())),
             }
         }))
         .build()
@@ -522,7 +522,7 @@ async fn user_ids_from_an_auth_layer_and_custom_keys() {
 #[tokio::test]
 async fn a_direct_limiter_is_one_budget_and_an_arc_shares_one_across_routes() {
     let clock = ManualClock::new();
-    let global = turnstile::DirectLimiter::with_clock("2/min".parse().expect("quota"), clock);
+    let global = turnstile_rl::DirectLimiter::with_clock("2/min".parse().expect("quota"), clock);
     let layer = RateLimitLayer::builder(global)
         .name("global")
         .key(api_key())
@@ -588,7 +588,7 @@ async fn the_default_key_reads_axums_connect_info() {
 #[tokio::test]
 async fn a_global_key_is_one_budget_without_peer_addresses() {
     let clock = ManualClock::new();
-    let global = turnstile::DirectLimiter::with_clock("2/min".parse().expect("quota"), clock);
+    let global = turnstile_rl::DirectLimiter::with_clock("2/min".parse().expect("quota"), clock);
     let layer = RateLimitLayer::builder(global)
         .name("global")
         .key(KeyExtractor::global())

@@ -14,10 +14,10 @@ use axum::routing::get;
 use axum::Router;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
-use turnstile::http::{ClientIp, HttpKey, KeyExtractor, RateLimitLayer, DECISIONS_METRIC};
+use turnstile_rl::http::{ClientIp, HttpKey, KeyExtractor, RateLimitLayer, DECISIONS_METRIC};
 
 use http_server::serve;
-use turnstile::{KeyedLimiter, ManualClock};
+use turnstile_rl::{KeyedLimiter, ManualClock};
 use turnstile_test_kit::http_server;
 
 const REQUESTS: usize = 20_000;

@@ -7,8 +7,8 @@
 use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::PrometheusBuilder;
-use turnstile::http::{HttpKey, KeyExtractor, RateLimitLayer, DECISIONS_METRIC};
-use turnstile::{KeyedLimiter, ManualClock};
+use turnstile_rl::http::{HttpKey, KeyExtractor, RateLimitLayer, DECISIONS_METRIC};
+use turnstile_rl::{KeyedLimiter, ManualClock};
 
 use http_server::serve;
 use turnstile_test_kit::http_server;

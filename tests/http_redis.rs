@@ -13,9 +13,9 @@ use axum::extract::ConnectInfo;
 use axum::routing::get;
 use axum::Router;
 use http::{HeaderName, StatusCode};
-use turnstile::http::{ClientIp, KeyExtractor, RateLimitLayer};
-use turnstile::redis::{FailurePolicy, RedisLimiter};
-use turnstile::Quota;
+use turnstile_rl::http::{ClientIp, KeyExtractor, RateLimitLayer};
+use turnstile_rl::redis::{FailurePolicy, RedisLimiter};
+use turnstile_rl::Quota;
 
 use http_server::serve;
 use redis_server::RedisServer;

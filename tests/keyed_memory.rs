@@ -7,8 +7,8 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use turnstile::__private::TICK;
-use turnstile::{KeyedLimiter, ManualClock, Quota};
+use turnstile_rl::__private::TICK;
+use turnstile_rl::{KeyedLimiter, ManualClock, Quota};
 
 use turnstile_test_kit::heap;
 

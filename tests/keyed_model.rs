@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use turnstile::{Gcra, KeyedLimiter, ManualClock, Quota};
+use turnstile_rl::{Gcra, KeyedLimiter, ManualClock, Quota};
 
 #[derive(Clone, Debug)]
 enum Op {

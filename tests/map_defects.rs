@@ -15,7 +15,7 @@ use std::sync::{Arc, Barrier, LazyLock, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use turnstile::{Clock, KeyedLimiter, ManualClock, OverflowPolicy, Quota};
+use turnstile_rl::{Clock, KeyedLimiter, ManualClock, OverflowPolicy, Quota};
 
 use turnstile_test_kit::heap;
 use turnstile_test_kit::within;

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
 use std::time::Duration;
 
-use turnstile::{KeyedLimiter, ManualClock, OverflowPolicy, Quota};
+use turnstile_rl::{KeyedLimiter, ManualClock, OverflowPolicy, Quota};
 
 use keys::SplitMix;
 use turnstile_test_kit::keys;

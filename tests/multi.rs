@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use turnstile::{KeyedMultiLimiter, ManualClock, MultiLimiter, Quota, Quotas};
+use turnstile_rl::{KeyedMultiLimiter, ManualClock, MultiLimiter, Quota, Quotas};
 
 /// One limit as a debt in nanoseconds (how long until it is full).
 #[derive(Clone)]
@@ -23,8 +23,8 @@ impl Model {
     fn new(q: &Quota) -> Self {
         Model {
             debt: 0,
-            interval: turnstile::__private::interval_nanos(q) as i128,
-            tolerance: turnstile::__private::tolerance_nanos(q) as i128,
+            interval: turnstile_rl::__private::interval_nanos(q) as i128,
+            tolerance: turnstile_rl::__private::tolerance_nanos(q) as i128,
         }
     }
     /// (allowed, remaining, retry_after in ns) of a check of `n`.

@@ -3,7 +3,7 @@
 //! rolled-back charge. In a file of its own because it reads the
 //! process-wide CAS retry count to prove the threads really raced.
 
-use turnstile::{KeyedMultiLimiter, ManualClock, MultiLimiter, Quotas};
+use turnstile_rl::{KeyedMultiLimiter, ManualClock, MultiLimiter, Quotas};
 
 /// Four threads on a frozen clock, far more attempts than any limit
 /// allows, costs 1 and 2: the admitted cost is exactly the strictest
@@ -14,7 +14,7 @@ fn four_threads_admit_exactly_the_strictest_limit() {
     // CAS retries are counted process-wide: this file holds this one test,
     // so only its own threads add to the count.
     let retries = || {
-        turnstile::KeyedLimiter::<u64>::new("1/s".parse().unwrap())
+        turnstile_rl::KeyedLimiter::<u64>::new("1/s".parse().unwrap())
             .stats()
             .cas_retries
     };

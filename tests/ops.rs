@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use proptest::prelude::*;
-use turnstile::{
+use turnstile_rl::{
     CostError, Decision, DirectLimiter, KeyedLimiter, ManualClock, OverflowPolicy, Quota,
 };
 
@@ -74,8 +74,8 @@ impl Model {
     fn new(quota: &Quota) -> Self {
         Model {
             debt: 0,
-            interval: turnstile::__private::interval_nanos(quota) as i128,
-            tolerance: turnstile::__private::tolerance_nanos(quota) as i128,
+            interval: turnstile_rl::__private::interval_nanos(quota) as i128,
+            tolerance: turnstile_rl::__private::tolerance_nanos(quota) as i128,
         }
     }
     fn advance(&mut self, by: i128) {
@@ -162,7 +162,7 @@ proptest! {
         let direct = DirectLimiter::with_clock(quota, clock.clone());
         let keyed: KeyedLimiter<u64, ManualClock> = KeyedLimiter::builder(quota).clock(clock.clone()).build();
         let mut model = Model::new(&quota);
-        let (interval, tolerance) = (turnstile::__private::interval_nanos(&quota) as u128, turnstile::__private::tolerance_nanos(&quota) as u128);
+        let (interval, tolerance) = (turnstile_rl::__private::interval_nanos(&quota) as u128, turnstile_rl::__private::tolerance_nanos(&quota) as u128);
         // (instant of the last refund or reset, tokens admitted since)
         let mut since: Option<(u64, u128)> = None;
         for op in &ops {

@@ -14,11 +14,11 @@ use std::time::Duration;
 
 use keys::SplitMix;
 use redis_server::{db_size, redis_cli, RedisCluster, RedisServer};
-use turnstile::redis::{
+use turnstile_rl::redis::{
     BreakerConfig, FailurePolicy, HashTag, RedisLimitError, RedisLimiter, RedisLimiterBuilder,
     TimeSource, MAX_KEY_BYTES,
 };
-use turnstile::{BatchError, CostError, Decision, KeyedLimiter, ManualClock, Quota};
+use turnstile_rl::{BatchError, CostError, Decision, KeyedLimiter, ManualClock, Quota};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 

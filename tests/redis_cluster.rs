@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis_server::{db_size, RedisCluster};
-use turnstile::redis::{HashTag, RedisLimiter, TimeSource};
-use turnstile::{KeyedLimiter, ManualClock, Quota};
+use turnstile_rl::redis::{HashTag, RedisLimiter, TimeSource};
+use turnstile_rl::{KeyedLimiter, ManualClock, Quota};
 
 const KEYS: usize = 300;
 
@@ -103,7 +103,7 @@ async fn several_limits_per_key_run_in_one_slot_on_the_cluster(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let cluster = RedisCluster::start()?;
     let clock = ManualClock::starting_at(Duration::from_secs(1_000));
-    let quotas: turnstile::Quotas = "2/s burst 5; 6/min".parse()?;
+    let quotas: turnstile_rl::Quotas = "2/s burst 5; 6/min".parse()?;
     let remote = RedisLimiter::builder(Quota::per_second(1)?)
         .cluster(cluster.urls())
         .prefix("m:")
@@ -112,7 +112,7 @@ async fn several_limits_per_key_run_in_one_slot_on_the_cluster(
         .build()
         .await?;
     let remote = remote.multi(quotas.clone())?;
-    let local = turnstile::KeyedMultiLimiter::<String, _>::with_clock(quotas, clock.clone());
+    let local = turnstile_rl::KeyedMultiLimiter::<String, _>::with_clock(quotas, clock.clone());
     let mut admitted = 0;
     for (advance, requests) in [(0, 7), (1_100, 3), (30_000, 3)] {
         clock.advance(Duration::from_millis(advance));

@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis_server::{redis_cli, RedisServer};
-use turnstile::redis::{
+use turnstile_rl::redis::{
     HashTag, RedisBuildError, RedisLimitError, RedisLimiter, RedisLimiterBuilder, TimeSource,
     MAX_KEY_BYTES,
 };
-use turnstile::{CostError, DirectLimiter, ManualClock, Quota};
+use turnstile_rl::{CostError, DirectLimiter, ManualClock, Quota};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 

@@ -9,8 +9,10 @@ use turnstile_test_kit::redis_server;
 use std::time::{Duration, Instant};
 
 use redis_server::RedisServer;
-use turnstile::redis::{BreakerConfig, BreakerState, FailurePolicy, RedisCallError, RedisLimiter};
-use turnstile::{KeyedLimiter, Quota};
+use turnstile_rl::redis::{
+    BreakerConfig, BreakerState, FailurePolicy, RedisCallError, RedisLimiter,
+};
+use turnstile_rl::{KeyedLimiter, Quota};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis_server::{redis_cli, RedisServer};
-use turnstile::redis::RedisLimiter;
-use turnstile::Quota;
+use turnstile_rl::redis::RedisLimiter;
+use turnstile_rl::Quota;
 
 const GATEWAYS: usize = 20;
 const USERS: usize = 1_000;
@@ -70,7 +70,7 @@ async fn twenty_gateways_1000_users_no_user_above_b_plus_elapsed_over_t(
                 sent += 1;
                 user = (user + 1) % USERS;
             }
-            Ok::<u64, turnstile::redis::RedisLimitError>(sent)
+            Ok::<u64, turnstile_rl::redis::RedisLimitError>(sent)
         }));
     }
     let mut sent = 0;

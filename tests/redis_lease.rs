@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis_server::RedisServer;
-use turnstile::redis::{RedisLimiter, TimeSource};
-use turnstile::{ManualClock, Quota};
+use turnstile_rl::redis::{RedisLimiter, TimeSource};
+use turnstile_rl::{ManualClock, Quota};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis_server::{redis_cli, RedisServer};
-use turnstile::redis::{RedisLimitError, RedisLimiter, TimeSource};
-use turnstile::{CostError, DirectLimiter, KeyedMultiLimiter, ManualClock, Quota, Quotas};
+use turnstile_rl::redis::{RedisLimitError, RedisLimiter, TimeSource};
+use turnstile_rl::{CostError, DirectLimiter, KeyedMultiLimiter, ManualClock, Quota, Quotas};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use turnstile::{Decision, DirectLimiter, ManualClock, Quota, QuotaError};
+use turnstile_rl::{Decision, DirectLimiter, ManualClock, Quota, QuotaError};
 use turnstile_test_kit::reference::SeedTokenBucket;
 
 fn ms(n: u64) -> Duration {

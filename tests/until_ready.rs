@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use tokio::time::Instant;
-use turnstile::{Clock, CostError, DirectLimiter, Jitter, KeyedLimiter, Quota};
+use turnstile_rl::{Clock, CostError, DirectLimiter, Jitter, KeyedLimiter, Quota};
 
 /// tokio's (paused) time as a turnstile clock.
 #[derive(Clone, Copy, Debug)]

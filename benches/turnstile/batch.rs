@@ -18,12 +18,12 @@
 //! The mode is `allowed` (1 per 15 s, burst 1e9: every check admits and
 //! writes). Group `batch/distance/...` times `check_batch` of 32 keys at
 //! 1,000,000 keys for each prefetch distance (0: no prefetch at all), the
-//! measurement behind `turnstile::keyed::PREFETCH_DISTANCE`.
+//! measurement behind `turnstile_rl::keyed::PREFETCH_DISTANCE`.
 
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput};
-use turnstile::{Decision, KeyedLimiter};
+use turnstile_rl::{Decision, KeyedLimiter};
 
 use crate::keyed::{Floor, Governor, Setup, Subject, Workload};
 use crate::mode::Mode;
@@ -101,7 +101,7 @@ pub fn bench(c: &mut Criterion) {
                 group.bench_function(format!("distance {distance}"), |b| {
                     b.iter(|| {
                         let keys = black_box(next(walk, &mut at, batch));
-                        ::turnstile::__private::check_batch_at_distance(
+                        ::turnstile_rl::__private::check_batch_at_distance(
                             &turnstile, keys, &mut out, distance,
                         );
                         black_box(out.last().map(Decision::is_allowed))

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
-use turnstile::{Clock, DirectLimiter, Quota, RecentClock};
+use turnstile_rl::{Clock, DirectLimiter, Quota, RecentClock};
 use turnstile_test_kit::reference::SeedTokenBucket;
 
 use crate::mode::Mode;

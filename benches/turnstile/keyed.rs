@@ -12,7 +12,7 @@
 //!   and the denominator of the ratios in `BENCHMARKS.md`;
 //! - `DashMap + turnstile GCRA cell`: an off-the-shelf concurrent map
 //!   (`DashMap<K, AtomicU64>`, ahash) holding turnstile's own cell, updated
-//!   by the same CAS loop around [`turnstile::Gcra::check`]: what our own
+//!   by the same CAS loop around [`turnstile_rl::Gcra::check`]: what our own
 //!   map buys over a general-purpose one;
 //! - `seed (Mutex<HashMap>)`: the seeds' `SeedTokenBucket`, one lock around
 //!   one std `HashMap`;
@@ -84,8 +84,8 @@ use criterion::{BenchmarkGroup, Criterion, Throughput};
 use dashmap::DashMap;
 use governor::clock::DefaultClock as GovernorClock;
 use governor::state::keyed::DashMapStateStore;
-use turnstile::algorithms::Step;
-use turnstile::{Clock, Gcra, KeyedLimiter, QuantaClock, Quota};
+use turnstile_rl::algorithms::Step;
+use turnstile_rl::{Clock, Gcra, KeyedLimiter, QuantaClock, Quota};
 use turnstile_test_kit::reference::SeedTokenBucket;
 
 use crate::mode::Mode;

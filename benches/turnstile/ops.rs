@@ -15,7 +15,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput};
-use turnstile::{DirectLimiter, KeyedLimiter, KeyedMultiLimiter, Quota, Quotas};
+use turnstile_rl::{DirectLimiter, KeyedLimiter, KeyedMultiLimiter, Quota, Quotas};
 
 /// 1e9 per second, burst 1e9 (T = 1 ns, tau = 1 s): always admitted.
 fn open_per_second() -> Quota {

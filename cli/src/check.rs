@@ -4,7 +4,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use turnstile::{Decision, MultiLimiter, QuantaClock, Quota, Quotas};
+use turnstile_rl::{Decision, MultiLimiter, QuantaClock, Quota, Quotas};
 
 use super::limiter::Algorithm;
 use super::UsageError;

@@ -5,7 +5,7 @@ use std::io;
 use std::num::TryFromIntError;
 use std::time::Duration;
 
-use turnstile::{QuotaError, QuotasError};
+use turnstile_rl::{QuotaError, QuotasError};
 
 /// Why a command stopped. Every variant but [`UsageError::BrokenPipe`] is
 /// printed as `error: <message>` and exits with status 2.
@@ -58,11 +58,11 @@ pub(crate) enum UsageError {
     /// A Redis limiter that could not be built (`fleet`).
     #[cfg(feature = "redis")]
     #[error(transparent)]
-    RedisBuild(#[from] turnstile::redis::RedisBuildError),
+    RedisBuild(#[from] turnstile_rl::redis::RedisBuildError),
     /// A Redis check that failed (`fleet`).
     #[cfg(feature = "redis")]
     #[error(transparent)]
-    RedisLimit(#[from] turnstile::redis::RedisLimitError),
+    RedisLimit(#[from] turnstile_rl::redis::RedisLimitError),
     /// A simulated gateway's task that panicked or was cancelled (`fleet`).
     #[cfg(feature = "redis")]
     #[error(transparent)]

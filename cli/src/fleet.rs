@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use turnstile::redis::{BreakerConfig, FailurePolicy, RedisLimiter};
-use turnstile::{KeyedLimiter, Quota};
+use turnstile_rl::redis::{BreakerConfig, FailurePolicy, RedisLimiter};
+use turnstile_rl::{KeyedLimiter, Quota};
 
 use super::UsageError;
 use turnstile_test_kit::redis_server::RedisServer;
@@ -118,7 +118,7 @@ async fn share(
                 counter[user].fetch_add(1, Ordering::Relaxed);
                 user = (user + 1) % users;
             }
-            Ok::<(), turnstile::redis::RedisLimitError>(())
+            Ok::<(), turnstile_rl::redis::RedisLimitError>(())
         }));
     }
     for task in tasks {

@@ -16,7 +16,7 @@ use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use turnstile::{Decision, KeyedLimiter, QuantaClock, Quota};
+use turnstile_rl::{Decision, KeyedLimiter, QuantaClock, Quota};
 use turnstile_test_kit::reference::SeedTokenBucket;
 
 use super::limiter::Algorithm;

@@ -3,8 +3,8 @@
 //! them alike and none special-cases the sliding log.
 
 use clap::ValueEnum;
-use turnstile::algorithms::{FixedWindow, FromQuota, SlidingWindow};
-use turnstile::{Clock, Decision, DirectLimiter, Quota, QuotaError, SlidingLog};
+use turnstile_rl::algorithms::{FixedWindow, FromQuota, SlidingWindow};
+use turnstile_rl::{Clock, Decision, DirectLimiter, Quota, QuotaError, SlidingLog};
 
 /// An algorithm that decides requests against one quota.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -84,7 +84,7 @@ impl<C: Clock> Limiter<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use turnstile::ManualClock;
+    use turnstile_rl::ManualClock;
 
     #[test]
     fn every_algorithm_builds_and_admits_its_limit() {

@@ -7,7 +7,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use turnstile::{ManualClock, Quota};
+use turnstile_rl::{ManualClock, Quota};
 use turnstile_test_kit::reference::SeedTokenBucket;
 
 use super::limiter::Algorithm;

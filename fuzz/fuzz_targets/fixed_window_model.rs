@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use turnstile::algorithms::FixedWindow;
-use turnstile::{CostError, Quota};
+use turnstile_rl::algorithms::FixedWindow;
+use turnstile_rl::{CostError, Quota};
 
 #[path = "common.rs"]
 mod common;
@@ -115,7 +115,7 @@ fuzz_target!(|input: Input| {
     };
     let (limit, period) = (
         u128::from(quota.count()),
-        u128::from(turnstile::__private::period_nanos(&quota)),
+        u128::from(turnstile_rl::__private::period_nanos(&quota)),
     );
     assert_eq!(u128::from(fixed.limit()), limit);
     assert_eq!(fixed.window(), quota.period());

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use turnstile::{CostError, Gcra, Quota};
+use turnstile_rl::{CostError, Gcra, Quota};
 
 #[path = "common.rs"]
 mod common;
@@ -81,7 +81,7 @@ fuzz_target!(|input: Input| {
     };
     let gcra = Gcra::new(&quota);
     let (t, burst) = (
-        turnstile::__private::interval_nanos(&quota),
+        turnstile_rl::__private::interval_nanos(&quota),
         quota.burst_size(),
     );
     let mut tat = input.tat.min(Gcra::TAT_END - 1);

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use turnstile::__private::HasherSeed as _;
-use turnstile::{BatchError, Decision, KeyedLimiter, ManualClock, OverflowPolicy, Quota};
+use turnstile_rl::__private::HasherSeed as _;
+use turnstile_rl::{BatchError, Decision, KeyedLimiter, ManualClock, OverflowPolicy, Quota};
 
 #[derive(Arbitrary, Debug)]
 enum Op {

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use turnstile::{Gcra, KeyedLimiter, ManualClock, Quota};
+use turnstile_rl::{Gcra, KeyedLimiter, ManualClock, Quota};
 
 /// Fresh keys one input may flood the limiter with, in all.
 const FLOOD_KEYS: u64 = 2_000;
@@ -154,7 +154,7 @@ fn run(input: &Input) {
                     continue;
                 }
                 // TAT := max(TAT - cost*T, now), when TAT > now.
-                let interval = turnstile::__private::interval_nanos(&quota);
+                let interval = turnstile_rl::__private::interval_nanos(&quota);
                 let expected = match model.get(&key).copied() {
                     Some(tat) if tat > now => {
                         model.insert(key, tat.saturating_sub(cost * interval).max(now));

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use turnstile::Quota;
+use turnstile_rl::Quota;
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
@@ -11,6 +11,6 @@ fuzz_target!(|data: &[u8]| {
         let shown = quota.to_string();
         let again: Quota = shown.parse().expect("canonical text must parse");
         assert_eq!(again, quota, "{text:?} -> {shown:?}");
-        assert!(quota.burst_size() >= 1 && turnstile::__private::interval_nanos(&quota) >= 1);
+        assert!(quota.burst_size() >= 1 && turnstile_rl::__private::interval_nanos(&quota) >= 1);
     }
 });

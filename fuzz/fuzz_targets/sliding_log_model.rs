@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use turnstile::SlidingLog;
-use turnstile::{CostError, ManualClock, Quota};
+use turnstile_rl::SlidingLog;
+use turnstile_rl::{CostError, ManualClock, Quota};
 
 #[path = "common.rs"]
 mod common;
@@ -43,7 +43,7 @@ fuzz_target!(|input: Input| {
     let Ok(quota) = Quota::new(u64::from(input.count), Duration::from_nanos(input.period)) else {
         return;
     };
-    let (limit, period) = (quota.count(), turnstile::__private::period_nanos(&quota));
+    let (limit, period) = (quota.count(), turnstile_rl::__private::period_nanos(&quota));
     let clock = ManualClock::new();
     let log = SlidingLog::with_clock(quota, clock.clone());
     assert_eq!(log.limit(), limit);

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use turnstile::algorithms::SlidingWindow;
-use turnstile::{CostError, Quota};
+use turnstile_rl::algorithms::SlidingWindow;
+use turnstile_rl::{CostError, Quota};
 
 #[path = "common.rs"]
 mod common;
@@ -205,7 +205,7 @@ fuzz_target!(|input: Input| {
     };
     let model = Model {
         limit: u128::from(quota.count()),
-        period: u128::from(turnstile::__private::period_nanos(&quota)),
+        period: u128::from(turnstile_rl::__private::period_nanos(&quota)),
     };
     assert_eq!(u128::from(window.limit()), model.limit);
     assert_eq!(window.window(), quota.period());

@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loom::thread;
-use turnstile::probe::{self, Probe};
-use turnstile::{
+use turnstile_rl::probe::{self, Probe};
+use turnstile_rl::{
     DirectLimiter, KeyedLimiter, ManualClock, MultiLimiter, OverflowPolicy, Quota, Quotas,
 };
 

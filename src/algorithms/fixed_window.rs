@@ -53,8 +53,8 @@ const _: () = assert!(MIN_PERIOD > 2_860_000 && MIN_PERIOD < 2_880_000);
 /// Runs on the same engine as GCRA: one `u64` per bucket, lock-free.
 ///
 /// ```
-/// use turnstile::algorithms::FixedWindow;
-/// use turnstile::{DirectLimiter, ManualClock, Quota};
+/// use turnstile_rl::algorithms::FixedWindow;
+/// use turnstile_rl::{DirectLimiter, ManualClock, Quota};
 /// use std::time::Duration;
 ///
 /// let clock = ManualClock::new();
@@ -64,7 +64,7 @@ const _: () = assert!(MIN_PERIOD > 2_860_000 && MIN_PERIOD < 2_880_000);
 /// assert!(limiter.check().is_denied());
 /// clock.advance(Duration::from_secs(60));
 /// assert!(limiter.check().is_allowed());
-/// # Ok::<(), turnstile::QuotaError>(())
+/// # Ok::<(), turnstile_rl::QuotaError>(())
 /// ```
 ///
 /// Time is cut into windows of one period: window `i` is

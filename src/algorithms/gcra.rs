@@ -46,11 +46,11 @@ impl Gcra {
     /// `"20/2s"`, the same bucket.
     ///
     /// ```
-    /// use turnstile::{Gcra, Quota};
+    /// use turnstile_rl::{Gcra, Quota};
     ///
     /// let gcra = Gcra::new(&"100/min".parse()?);
     /// assert_eq!(gcra.quota(), "100/min".parse::<Quota>()?);
-    /// # Ok::<(), turnstile::QuotaError>(())
+    /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
     pub fn quota(&self) -> Quota {
         Quota::of_bucket(self.burst, self.interval)

@@ -9,14 +9,14 @@
 //! limiter takes its quota once:
 //!
 //! ```
-//! use turnstile::algorithms::FixedWindow;
-//! use turnstile::KeyedLimiter;
+//! use turnstile_rl::algorithms::FixedWindow;
+//! use turnstile_rl::KeyedLimiter;
 //!
 //! let limiter = KeyedLimiter::<u64>::builder("100/min".parse()?)
 //!     .algorithm_for::<FixedWindow>()?
 //!     .build();
 //! assert!(limiter.check(&7).is_allowed());
-//! # Ok::<(), turnstile::QuotaError>(())
+//! # Ok::<(), turnstile_rl::QuotaError>(())
 //! ```
 //!
 //! GCRA ([`Gcra`]) is the default and the one to pick unless you have a
@@ -104,8 +104,8 @@ pub trait Algorithm: Send + Sync + sealed::Sealed {
 /// ([`KeyedLimiterBuilder::algorithm_for`](crate::KeyedLimiterBuilder::algorithm_for)).
 ///
 /// ```
-/// use turnstile::algorithms::{FixedWindow, FromQuota};
-/// use turnstile::{Quota, QuotaError};
+/// use turnstile_rl::algorithms::{FixedWindow, FromQuota};
+/// use turnstile_rl::{Quota, QuotaError};
 ///
 /// let quota: Quota = "100/min".parse()?;
 /// assert_eq!(FixedWindow::from_quota(&quota)?, FixedWindow::new(&quota)?);

@@ -66,8 +66,8 @@ const _: () = assert!(MIN_PERIOD > 730_000_000 && MIN_PERIOD < 740_000_000);
 /// up to 65,534 per window; periods of at least about 0.735 s.
 ///
 /// ```
-/// use turnstile::algorithms::SlidingWindow;
-/// use turnstile::{DirectLimiter, ManualClock, Quota};
+/// use turnstile_rl::algorithms::SlidingWindow;
+/// use turnstile_rl::{DirectLimiter, ManualClock, Quota};
 /// use std::time::Duration;
 ///
 /// let clock = ManualClock::starting_at(Duration::from_millis(59_900));
@@ -77,7 +77,7 @@ const _: () = assert!(MIN_PERIOD > 730_000_000 && MIN_PERIOD < 740_000_000);
 /// // Past the fixed boundary, the previous minute still weighs 59.9/60.
 /// clock.set(Duration::from_millis(60_100));
 /// assert!(limiter.check().is_denied());
-/// # Ok::<(), turnstile::QuotaError>(())
+/// # Ok::<(), turnstile_rl::QuotaError>(())
 /// ```
 ///
 /// Like the fixed window it counts requests per window of one period, but it

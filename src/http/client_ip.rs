@@ -129,7 +129,7 @@ impl ClientIp {
     /// ```
     /// use std::net::SocketAddr;
     /// use axum::extract::ConnectInfo;
-    /// use turnstile::http::ClientIp;
+    /// use turnstile_rl::http::ClientIp;
     ///
     /// let client_ip = ClientIp::new()
     ///     .peer_addr_from(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0));

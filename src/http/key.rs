@@ -58,7 +58,7 @@ use http::{HeaderMap, StatusCode};
 
 // Client-address resolution and the key's own types live in sibling files
 // (`request.rs` says why); these keep their public paths,
-// `turnstile::http::key::*`, as well as `turnstile::http::*`.
+// `turnstile_rl::http::key::*`, as well as `turnstile_rl::http::*`.
 pub use super::client_ip::{ClientIp, PeerAddr, X_FORWARDED_FOR, X_REAL_IP};
 pub use super::request::{HttpKey, KeyError, RequestParts};
 
@@ -95,7 +95,7 @@ enum Source {
 ///
 /// ```
 /// use axum::http::{HeaderName, StatusCode};
-/// use turnstile::http::{ClientIp, KeyExtractor, OnBadKey};
+/// use turnstile_rl::http::{ClientIp, KeyExtractor, OnBadKey};
 ///
 /// // API keys; a request without one counts against its address instead.
 /// let by_api_key = KeyExtractor::header(HeaderName::from_static("x-api-key"))

@@ -270,8 +270,8 @@ impl<L: Limiter> RateLimitLayerBuilder<L> {
     /// not the limiter's quota count.
     ///
     /// ```
-    /// use turnstile::http::{HttpKey, RateLimitLayer};
-    /// use turnstile::KeyedMultiLimiter;
+    /// use turnstile_rl::http::{HttpKey, RateLimitLayer};
+    /// use turnstile_rl::KeyedMultiLimiter;
     ///
     /// let limiter = KeyedMultiLimiter::<HttpKey>::new("10/s burst 20; 1000/h".parse()?);
     /// let layer = RateLimitLayer::builder(limiter)
@@ -326,8 +326,8 @@ impl<L: Limiter> RateLimitLayerBuilder<L> {
     /// decision, so they always match the policy.
     ///
     /// ```
-    /// use turnstile::http::{HttpKey, KeyExtractor, RateLimitLayer};
-    /// use turnstile::DirectLimiter;
+    /// use turnstile_rl::http::{HttpKey, KeyExtractor, RateLimitLayer};
+    /// use turnstile_rl::DirectLimiter;
     /// use axum::http::{Response, StatusCode};
     ///
     /// let layer = RateLimitLayer::builder(DirectLimiter::new("100/s".parse()?))

@@ -36,8 +36,8 @@ use crate::quota::Quota;
 /// ```
 /// use std::future::Future;
 /// use std::pin::Pin;
-/// use turnstile::http::{HttpKey, Limiter};
-/// use turnstile::{MultiDecision, Quota};
+/// use turnstile_rl::http::{HttpKey, Limiter};
+/// use turnstile_rl::{MultiDecision, Quota};
 ///
 /// #[derive(Debug, thiserror::Error)]
 /// #[error("store unreachable")]

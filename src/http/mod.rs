@@ -32,8 +32,8 @@
 //!
 //! ```
 //! use axum::{http::HeaderName, routing::{get, post}, Router};
-//! use turnstile::http::{HttpKey, KeyExtractor, RateLimitLayer};
-//! use turnstile::{DirectLimiter, KeyedLimiter};
+//! use turnstile_rl::http::{HttpKey, KeyExtractor, RateLimitLayer};
+//! use turnstile_rl::{DirectLimiter, KeyedLimiter};
 //!
 //! // /login: 5 a minute per client address (the default key; with the
 //! // `axum` feature the address comes from axum's ConnectInfo).
@@ -101,8 +101,8 @@
 //! [`policy_names`](RateLimitLayerBuilder::policy_names) says.
 //!
 //! ```
-//! use turnstile::http::{HttpKey, KeyExtractor, RateLimitLayer};
-//! use turnstile::KeyedMultiLimiter;
+//! use turnstile_rl::http::{HttpKey, KeyExtractor, RateLimitLayer};
+//! use turnstile_rl::KeyedMultiLimiter;
 //!
 //! let limits = KeyedMultiLimiter::<HttpKey>::new("10/s burst 20; 1000/h".parse()?);
 //! let layer = RateLimitLayer::builder(limits)

@@ -65,14 +65,14 @@ where
     /// single checks wait for each in turn.
     ///
     /// ```
-    /// use turnstile::KeyedLimiter;
+    /// use turnstile_rl::KeyedLimiter;
     ///
     /// let limiter = KeyedLimiter::<u64>::new("2/s".parse()?);
     /// let mut decisions = Vec::new();
     /// limiter.check_batch(&[7, 8, 7, 7], &mut decisions);
     /// let allowed: Vec<bool> = decisions.iter().map(|d| d.is_allowed()).collect();
     /// assert_eq!(allowed, [true, true, true, false]);
-    /// # Ok::<(), turnstile::QuotaError>(())
+    /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
     pub fn check_batch<Q>(&self, keys: &[Q], out: &mut Vec<Decision>)
     where
@@ -89,7 +89,7 @@ where
     /// the lengths differ or a cost is 0 or above the burst.
     ///
     /// ```
-    /// use turnstile::{BatchError, CostError, KeyedLimiter};
+    /// use turnstile_rl::{BatchError, CostError, KeyedLimiter};
     ///
     /// let limiter = KeyedLimiter::<u64>::new("10/s".parse()?);
     /// let mut decisions = Vec::new();

@@ -35,7 +35,7 @@ where
     /// [`OverflowPolicy`]: crate::OverflowPolicy
     ///
     /// ```
-    /// use turnstile::{KeyedLimiter, Quota};
+    /// use turnstile_rl::{KeyedLimiter, Quota};
     ///
     /// let limiter = KeyedLimiter::<String>::new("5/min".parse()?);
     /// assert_eq!(limiter.peek("alice").remaining(), 4, "a missing key is full");
@@ -44,7 +44,7 @@ where
     /// // "3 login attempts left" before the expensive password check:
     /// assert_eq!(limiter.peek("alice").remaining(), 3);
     /// assert_eq!(limiter.check("alice").remaining(), 3);
-    /// # Ok::<(), turnstile::QuotaError>(())
+    /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
     pub fn peek<Q>(&self, key: &Q) -> Decision
     where
@@ -59,12 +59,12 @@ where
     /// a denial, when `n` is 0 or above the burst.
     ///
     /// ```
-    /// use turnstile::{CostError, KeyedLimiter};
+    /// use turnstile_rl::{CostError, KeyedLimiter};
     ///
     /// let limiter = KeyedLimiter::<u64>::new("10/s".parse()?);
     /// assert!(limiter.peek_n(&7, 10).unwrap().is_allowed());
     /// assert!(matches!(limiter.peek_n(&7, 11), Err(CostError::ExceedsBurst { .. })));
-    /// # Ok::<(), turnstile::QuotaError>(())
+    /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
     pub fn peek_n<Q>(&self, key: &Q, n: u64) -> Result<Decision, CostError>
     where
@@ -84,7 +84,7 @@ where
     /// forgotten) or after (on a fresh bucket), never on a removed one.
     ///
     /// ```
-    /// use turnstile::KeyedLimiter;
+    /// use turnstile_rl::KeyedLimiter;
     ///
     /// let limiter = KeyedLimiter::<String>::new("3/h".parse()?);
     /// for _ in 0..3 {
@@ -94,7 +94,7 @@ where
     /// assert!(limiter.reset("bob"));
     /// assert_eq!(limiter.check("bob").remaining(), 2);
     /// assert!(!limiter.reset("nobody"));
-    /// # Ok::<(), turnstile::QuotaError>(())
+    /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
     pub fn reset<Q>(&self, key: &Q) -> bool
     where
@@ -114,7 +114,7 @@ where
     /// its removal, as with [`reset`](KeyedLimiter::reset).
     ///
     /// ```
-    /// use turnstile::KeyedLimiter;
+    /// use turnstile_rl::KeyedLimiter;
     ///
     /// let limiter = KeyedLimiter::<u64>::new("1/h".parse()?);
     /// for key in 0..10 {
@@ -123,7 +123,7 @@ where
     /// assert_eq!(limiter.clear(), 10);
     /// assert!(limiter.is_empty());
     /// assert!(limiter.check(&3).is_allowed());
-    /// # Ok::<(), turnstile::QuotaError>(())
+    /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
     pub fn clear(&self) -> usize {
         let removed = self.map.pin().evict_all_idle(&|_| true);
@@ -135,7 +135,7 @@ where
     /// (idle, overflow), overflow refusals, CAS retries. See [`Stats`].
     ///
     /// ```
-    /// use turnstile::{KeyedLimiter, OverflowPolicy};
+    /// use turnstile_rl::{KeyedLimiter, OverflowPolicy};
     ///
     /// let limiter = KeyedLimiter::<u64>::builder("1/h".parse()?)
     ///     .max_keys(1)
@@ -145,7 +145,7 @@ where
     /// assert!(limiter.check(&2).is_denied());
     /// let stats = limiter.stats();
     /// assert_eq!((stats.live_keys, stats.max_keys, stats.overflow_refusals), (1, 1, 1));
-    /// # Ok::<(), turnstile::QuotaError>(())
+    /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
     pub fn stats(&self) -> Stats {
         Stats {
@@ -213,7 +213,7 @@ where
     /// An error, not a no-op, when `n` is 0 or above the burst.
     ///
     /// ```
-    /// use turnstile::KeyedLimiter;
+    /// use turnstile_rl::KeyedLimiter;
     ///
     /// let limiter = KeyedLimiter::<String>::new("10/min".parse()?);
     /// assert_eq!(limiter.check_n("carol", 4)?.remaining(), 6);
@@ -238,7 +238,7 @@ where
     /// [`check_with`](KeyedLimiter::check_with) under `quota`.
     ///
     /// ```
-    /// use turnstile::{KeyedLimiter, Quota};
+    /// use turnstile_rl::{KeyedLimiter, Quota};
     ///
     /// let gold: Quota = "100/min".parse()?;
     /// let limiter = KeyedLimiter::<u64>::new("10/min".parse()?);
@@ -261,7 +261,7 @@ where
     /// [`check_with`](KeyedLimiter::check_with) under `quota`.
     ///
     /// ```
-    /// use turnstile::{KeyedLimiter, Quota};
+    /// use turnstile_rl::{KeyedLimiter, Quota};
     ///
     /// let gold: Quota = "100/min".parse()?;
     /// let limiter = KeyedLimiter::<u64>::new("10/min".parse()?);
@@ -299,7 +299,7 @@ where
     /// change while others hold it.
     ///
     /// ```
-    /// use turnstile::{KeyedLimiter, ManualClock};
+    /// use turnstile_rl::{KeyedLimiter, ManualClock};
     ///
     /// let mut limiter = KeyedLimiter::<u64>::builder("10/min".parse()?)
     ///     .clock(ManualClock::new())
@@ -312,7 +312,7 @@ where
     /// // new quota: no fresh burst.
     /// assert!(limiter.check(&1).is_denied());
     /// assert_eq!(limiter.check(&2).remaining(), 19, "new keys get the new quota");
-    /// # Ok::<(), turnstile::QuotaError>(())
+    /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
     pub fn set_quota(&mut self, quota: Quota) {
         self.algorithm = Gcra::new(&quota);

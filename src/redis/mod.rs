@@ -40,8 +40,8 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use turnstile::redis::{FailurePolicy, RedisLimiter};
-//! use turnstile::Quota;
+//! use turnstile_rl::redis::{FailurePolicy, RedisLimiter};
+//! use turnstile_rl::Quota;
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let limiter = RedisLimiter::builder(Quota::per_minute(100)?)
@@ -472,7 +472,7 @@ impl RedisLimiter {
     /// in [`RedisLimitError::BatchKey`]).
     ///
     /// ```no_run
-    /// # async fn run(limiter: turnstile::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn run(limiter: turnstile_rl::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
     /// // A queue consumer: one round trip for a batch of events per tenant.
     /// let tenants = ["acme", "globex", "acme"];
     /// let mut decisions = Vec::new(); // reused across batches
@@ -505,9 +505,9 @@ impl RedisLimiter {
     /// reports them) or a key is bad ([`RedisLimitError::BatchKey`]).
     ///
     /// ```no_run
-    /// # async fn run(limiter: turnstile::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
-    /// use turnstile::BatchError;
-    /// use turnstile::redis::RedisLimitError;
+    /// # async fn run(limiter: turnstile_rl::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// use turnstile_rl::BatchError;
+    /// use turnstile_rl::redis::RedisLimitError;
     ///
     /// let mut decisions = Vec::new();
     /// // Bytes per tenant: one round trip for the whole batch of uploads.

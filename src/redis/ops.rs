@@ -57,7 +57,7 @@ impl RedisLimiter {
     /// taking nothing (one script call that writes nothing).
     ///
     /// ```no_run
-    /// # async fn run(limiter: turnstile::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn run(limiter: turnstile_rl::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
     /// let left = limiter.peek("alice").await?.remaining();
     /// println!("{left} login attempts left");
     /// # Ok(())
@@ -70,7 +70,7 @@ impl RedisLimiter {
     /// [`peek`](RedisLimiter::peek) for a request of cost `n`.
     ///
     /// ```no_run
-    /// # async fn run(limiter: turnstile::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn run(limiter: turnstile_rl::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
     /// if limiter.peek_n("alice", 10).await?.is_denied() {
     ///     // do not start the expensive batch
     /// }
@@ -92,7 +92,7 @@ impl RedisLimiter {
     /// back.
     ///
     /// ```no_run
-    /// # async fn run(limiter: turnstile::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn run(limiter: turnstile_rl::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
     /// if limiter.check("alice").await?.is_allowed() {
     ///     // ... the upstream failed: the request was not served
     ///     limiter.refund("alice", 1).await?;
@@ -113,7 +113,7 @@ impl RedisLimiter {
     /// Returns whether it existed.
     ///
     /// ```no_run
-    /// # async fn run(limiter: turnstile::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn run(limiter: turnstile_rl::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
     /// // A successful login clears the failure counter.
     /// limiter.reset("alice").await?;
     /// # Ok(())
@@ -132,7 +132,7 @@ impl RedisLimiter {
     /// error if a quota cannot be held by the script in microseconds.
     ///
     /// ```no_run
-    /// # async fn run(limiter: turnstile::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn run(limiter: turnstile_rl::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
     /// let multi = limiter.multi("10/s burst 20; 1000/h".parse()?)?;
     /// let d = multi.check("alice").await?;
     /// if d.is_denied() {
@@ -263,7 +263,7 @@ impl RedisMulti<'_> {
     /// and all are charged, or none is.
     ///
     /// ```no_run
-    /// # async fn run(limiter: turnstile::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn run(limiter: turnstile_rl::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
     /// let multi = limiter.multi("100/min; 2000/day".parse()?)?;
     /// let d = multi.check_n("alice", 5).await?;
     /// println!("{} left under limit {}", d.decision().remaining(), d.binding());
@@ -281,7 +281,7 @@ impl RedisMulti<'_> {
     /// The decision a check of cost `n` would get now, taking nothing.
     ///
     /// ```no_run
-    /// # async fn run(limiter: turnstile::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn run(limiter: turnstile_rl::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
     /// let multi = limiter.multi("5/15min; 20/day".parse()?)?;
     /// let left = multi.peek_n("alice", 1).await?.decision().remaining();
     /// println!("{left} attempts left");

@@ -19,7 +19,7 @@ use std::fmt;
 use std::hash::Hash;
 use std::sync::{Mutex, PoisonError};
 
-use turnstile::{Clock, DefaultClock};
+use turnstile_rl::{Clock, DefaultClock};
 
 /// A [`SeedTokenBucket`] parameter that the tutorials' constructor refuses.
 #[derive(Clone, Copy, Debug, PartialEq, thiserror::Error)]
@@ -54,12 +54,12 @@ pub enum SeedBucketError {
 /// - **its memory never shrinks**: every key ever seen stays in the map
 ///   forever (the tutorials' own warning: "leaks memory as users accumulate").
 ///
-/// Use [`DirectLimiter`](turnstile::DirectLimiter) or a keyed limiter instead.
+/// Use [`DirectLimiter`](turnstile_rl::DirectLimiter) or a keyed limiter instead.
 ///
 /// ```
 /// use std::time::Duration;
 /// use turnstile_test_kit::reference::SeedTokenBucket;
-/// use turnstile::ManualClock;
+/// use turnstile_rl::ManualClock;
 ///
 /// let clock = ManualClock::new();
 /// let seed = SeedTokenBucket::<String, _>::with_clock(5.0, 2.0, clock.clone())?;
@@ -194,7 +194,7 @@ impl<K, C: Clock> fmt::Debug for SeedTokenBucket<K, C> {
 mod tests {
     use super::*;
     use std::time::Duration;
-    use turnstile::ManualClock;
+    use turnstile_rl::ManualClock;
 
     fn seed(clock: &ManualClock) -> SeedTokenBucket<String, ManualClock> {
         SeedTokenBucket::with_clock(5.0, 2.0, clock.clone()).unwrap()
