@@ -86,7 +86,7 @@
 //! a slice of keys in one call: one clock read and one pin for the batch,
 //! every key hashed and its home slot prefetched (32 keys at a time), then
 //! each key decided in slice order through the same code as a single check
-//! while the home slot of the key [`PREFETCH_DISTANCE`] places ahead is
+//! while the home slot of the key eight places ahead is
 //! prefetched, so the keys' cache misses overlap. Prefetches are
 //! hints and change no state: the decisions are exactly those of checking
 //! the keys one by one in order at the batch's reading (repeats charged in
@@ -118,8 +118,6 @@
 mod batch;
 // peek, reset, refund, set_quota and stats: the operations beside `check`.
 mod ops;
-
-pub use batch::PREFETCH_DISTANCE;
 
 use std::borrow::Borrow;
 use std::fmt;

@@ -18,7 +18,8 @@
 //! The mode is `allowed` (1 per 15 s, burst 1e9: every check admits and
 //! writes). Group `batch/distance/...` times `check_batch` of 32 keys at
 //! 1,000,000 keys for each prefetch distance (0: no prefetch at all), the
-//! measurement behind `turnstile_rl::keyed::PREFETCH_DISTANCE`.
+//! measurement behind the batch's prefetch distance (`PREFETCH_DISTANCE`
+//! in `src/keyed/batch.rs`).
 
 use std::hint::black_box;
 

@@ -1,53 +1,5 @@
-//! Keys: who a request counts against, and what happens when a request
-//! does not say.
-//!
-//! | extractor | key | typical use |
-//! |-----------|-----|-------------|
-//! | [`KeyExtractor::header`] | `key:` + the header's value | API keys |
-//! | [`KeyExtractor::extension`] | `user:` + what your function returns | a user id set by your auth layer |
-//! | [`KeyExtractor::peer_ip`] | `ip:` + the client's address or prefix | anonymous traffic (`/login`) |
-//! | [`KeyExtractor::global`] | one key for every request | a global budget ([`DirectLimiter`](crate::DirectLimiter)) |
-//! | [`KeyExtractor::custom`] | whatever your closure returns, as is | anything else |
-//!
-//! The prefixes keep kinds apart: an API key that reads `ip:203.0.113.7`
-//! cannot spend that address's bucket.
-//!
-//! # Client addresses, proxies and NAT
-//!
-//! The peer address comes from the connection: a [`PeerAddr`] or
-//! `SocketAddr` extension, and with the `axum` feature axum's
-//! `ConnectInfo<SocketAddr>` (what `into_make_service_with_connect_info`
-//! sets); anything else through [`ClientIp::peer_addr_from`]. `X-Forwarded-For` and `Forwarded`
-//! (RFC 7239) are read **only when the peer is a trusted proxy**
-//! ([`ClientIp::trust`]); anyone else could write any address there. The
-//! chain is walked from the right (the hop nearest to us), skipping trusted
-//! proxies; the first untrusted address is the client. `Forwarded` wins
-//! when both headers are present; its quoted values may hold commas and
-//! semicolons (`host="a,b"`). `X-Real-IP` from a trusted proxy wins over
-//! both when [`ClientIp::x_real_ip`] is on.
-//!
-//! One IPv6 host usually owns a whole /64, so an IPv6 client is keyed by
-//! its prefix ([`ClientIp::ipv6_prefix`], default 64): otherwise it could
-//! take a fresh bucket for every request. IPv4-mapped IPv6 addresses count
-//! as IPv4. Keying by address punishes everyone behind one NAT; prefer an
-//! API key or a user id where there is one.
-//!
-//! # Missing and malformed keys
-//!
-//! No header, an empty, non-text (bytes outside visible ASCII) or oversized
-//! value ([`KeyExtractor::max_len`], default 256 bytes), a missing
-//! extension, or a forwarded header from a trusted proxy that cannot be
-//! read: each is a [`KeyError`], handled by [`OnBadKey`]:
-//!
-//! - [`OnBadKey::Reject`] (the default, with `400 Bad Request`): the
-//!   request is answered with that status and an `application/problem+json`
-//!   body naming the problem, and never reaches the service;
-//! - [`OnBadKey::PeerIp`]: the request counts against its client address
-//!   instead (for a garbage forwarded header, the proxy's own address).
-//!
-//! A server that does not tell the layer the peer address at all is
-//! misconfigured: such requests get `500` whatever the policy, so the
-//! mistake shows at once.
+//! Key extraction: [`KeyExtractor`] and the bad-key policy [`OnBadKey`]
+//! (the user-facing docs are on `KeyExtractor`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -56,11 +8,10 @@ use bytes::Bytes;
 use http::header::HeaderName;
 use http::{HeaderMap, StatusCode};
 
-// Client-address resolution and the key's own types live in sibling files
-// (`request.rs` says why); these keep their public paths,
-// `turnstile_rl::http::key::*`, as well as `turnstile_rl::http::*`.
-pub use super::client_ip::{ClientIp, PeerAddr, X_FORWARDED_FOR, X_REAL_IP};
-pub use super::request::{HttpKey, KeyError, RequestParts};
+use super::client_ip::ClientIp;
+#[cfg(doc)]
+use super::client_ip::PeerAddr;
+use super::request::{HttpKey, KeyError, RequestParts};
 
 /// What to do with a request whose key is missing or malformed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,8 +41,56 @@ enum Source {
     Custom(Arc<ExtractFn>),
 }
 
-/// Takes the key from a request; see the [module docs](crate::http::key) for the
-/// extractors and the bad-key policy.
+/// Takes the key from a request: who a request counts against, and what
+/// happens when a request does not say.
+///
+/// | extractor | key | typical use |
+/// |-----------|-----|-------------|
+/// | [`KeyExtractor::header`] | `key:` + the header's value | API keys |
+/// | [`KeyExtractor::extension`] | `user:` + what your function returns | a user id set by your auth layer |
+/// | [`KeyExtractor::peer_ip`] | `ip:` + the client's address or prefix | anonymous traffic (`/login`) |
+/// | [`KeyExtractor::global`] | one key for every request | a global budget ([`DirectLimiter`](crate::DirectLimiter)) |
+/// | [`KeyExtractor::custom`] | whatever your closure returns, as is | anything else |
+///
+/// The prefixes keep kinds apart: an API key that reads `ip:203.0.113.7`
+/// cannot spend that address's bucket.
+///
+/// # Client addresses, proxies and NAT
+///
+/// The peer address comes from the connection: a [`PeerAddr`] or
+/// `SocketAddr` extension, and with the `axum` feature axum's
+/// `ConnectInfo<SocketAddr>` (what `into_make_service_with_connect_info`
+/// sets); anything else through [`ClientIp::peer_addr_from`]. `X-Forwarded-For` and `Forwarded`
+/// (RFC 7239) are read **only when the peer is a trusted proxy**
+/// ([`ClientIp::trust`]); anyone else could write any address there. The
+/// chain is walked from the right (the hop nearest to us), skipping trusted
+/// proxies; the first untrusted address is the client. `Forwarded` wins
+/// when both headers are present; its quoted values may hold commas and
+/// semicolons (`host="a,b"`). `X-Real-IP` from a trusted proxy wins over
+/// both when [`ClientIp::x_real_ip`] is on.
+///
+/// One IPv6 host usually owns a whole /64, so an IPv6 client is keyed by
+/// its prefix ([`ClientIp::ipv6_prefix`], default 64): otherwise it could
+/// take a fresh bucket for every request. IPv4-mapped IPv6 addresses count
+/// as IPv4. Keying by address punishes everyone behind one NAT; prefer an
+/// API key or a user id where there is one.
+///
+/// # Missing and malformed keys
+///
+/// No header, an empty, non-text (bytes outside visible ASCII) or oversized
+/// value ([`KeyExtractor::max_len`], default 256 bytes), a missing
+/// extension, or a forwarded header from a trusted proxy that cannot be
+/// read: each is a [`KeyError`], handled by [`OnBadKey`]:
+///
+/// - [`OnBadKey::Reject`] (the default, with `400 Bad Request`): the
+///   request is answered with that status and an `application/problem+json`
+///   body naming the problem, and never reaches the service;
+/// - [`OnBadKey::PeerIp`]: the request counts against its client address
+///   instead (for a garbage forwarded header, the proxy's own address).
+///
+/// A server that does not tell the layer the peer address at all is
+/// misconfigured: such requests get `500` whatever the policy, so the
+/// mistake shows at once.
 ///
 /// ```
 /// use axum::http::{HeaderName, StatusCode};

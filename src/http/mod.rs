@@ -129,7 +129,7 @@ mod body;
 mod client_ip;
 mod grpc;
 pub mod headers;
-pub mod key;
+mod key;
 mod layer;
 mod limiter;
 mod problem;

@@ -41,7 +41,7 @@ const LANES: usize = 32;
 
 /// How many keys ahead of the one being decided a batch fetches the home
 /// slot of, chosen by measurement (`BENCHMARKS.md`, group `batch/distance`).
-pub const PREFETCH_DISTANCE: usize = 8;
+pub(crate) const PREFETCH_DISTANCE: usize = 8;
 
 impl<K, C, A> KeyedLimiter<K, C, A>
 where

@@ -1,29 +1,4 @@
-//! The circuit breaker: once Redis has failed several times in a row, stop
-//! asking it for a while, so a dead Redis costs no timeouts.
-//!
-//! ```text
-//!            N consecutive failures                 cool-down elapsed
-//!  Closed ───────────────────────────▶ Open ────────────────────────────▶ HalfOpen
-//!    ▲                                  ▲                                 │  one probe
-//!    │        probe succeeds            │         probe fails             │  call at a time
-//!    └──────────────────────────────────┼─────────────────────────────────┘
-//!                                       └─────────────────────────────────┘
-//! ```
-//!
-//! - **Closed**: every check calls Redis; a success resets the count of
-//!   consecutive failures; the `N`th failure in a row opens the breaker.
-//! - **Open**: no check calls Redis (the failure policy decides at once,
-//!   with no timeout to wait for) until the cool-down has elapsed.
-//! - **HalfOpen**: one check, the probe, calls Redis; the others are
-//!   decided by the failure policy meanwhile. The probe's success closes
-//!   the breaker, its failure opens it for another cool-down. A probe that
-//!   never reports (its future was dropped) is replaced by another after
-//!   the probe window (the call timeout), so the breaker cannot stick.
-//!
-//! The state sits behind a mutex held for a few instructions, once before
-//! and once after each Redis call: next to a network round trip of tens of
-//! microseconds it costs nothing measurable, and it keeps the transitions
-//! exact (one probe, one transition counted per change).
+//! The circuit breaker (its user-facing docs are on [`BreakerState`]).
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -49,6 +24,33 @@ impl Default for BreakerConfig {
 
 /// The breaker's state, as reported by
 /// [`RedisLimiter::breaker_state`](super::RedisLimiter::breaker_state).
+///
+/// The circuit breaker: once Redis has failed several times in a row, stop
+/// asking it for a while, so a dead Redis costs no timeouts.
+///
+/// ```text
+///            N consecutive failures                 cool-down elapsed
+///  Closed ───────────────────────────▶ Open ────────────────────────────▶ HalfOpen
+///    ▲                                  ▲                                 │  one probe
+///    │        probe succeeds            │         probe fails             │  call at a time
+///    └──────────────────────────────────┼─────────────────────────────────┘
+///                                       └─────────────────────────────────┘
+/// ```
+///
+/// - **Closed**: every check calls Redis; a success resets the count of
+///   consecutive failures; the `N`th failure in a row opens the breaker.
+/// - **Open**: no check calls Redis (the failure policy decides at once,
+///   with no timeout to wait for) until the cool-down has elapsed.
+/// - **HalfOpen**: one check, the probe, calls Redis; the others are
+///   decided by the failure policy meanwhile. The probe's success closes
+///   the breaker, its failure opens it for another cool-down. A probe that
+///   never reports (its future was dropped) is replaced by another after
+///   the probe window (the call timeout), so the breaker cannot stick.
+///
+/// The state sits behind a mutex held for a few instructions, once before
+/// and once after each Redis call: next to a network round trip of tens of
+/// microseconds it costs nothing measurable, and it keeps the transitions
+/// exact (one probe, one transition counted per change).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BreakerState {
     /// Redis is called on every check.

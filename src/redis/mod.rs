@@ -9,7 +9,7 @@
 //!
 //! - **a timeout** (default [`DEFAULT_TIMEOUT`], configurable): a slow Redis
 //!   costs at most that;
-//! - **a circuit breaker** ([`breaker`]): after consecutive failures it
+//! - **a circuit breaker** ([`BreakerState`]): after consecutive failures it
 //!   stops calling Redis for a cool-down, so a dead Redis costs no timeouts,
 //!   then lets one probe through;
 //! - **a failure policy** ([`FailurePolicy`]): fail open, fail closed, or a
@@ -25,7 +25,7 @@
 //!   the last failed call's [`RedisCallError`] from
 //!   [`RedisLimiter::last_error`].
 //!
-//! The script, and why it counts microseconds: [`script`].
+//! The script, and why it counts microseconds: [below](#the-script-in-integer-microseconds).
 //!
 //! # A timeout is not a rollback
 //!
@@ -111,8 +111,57 @@
 //! [`ManualClock`](crate::ManualClock), or for a fleet that trusts its
 //! clocks; every gateway must then share one time scale, and the keys'
 //! expiry (`PEXPIRE`, in server time) assumes that scale runs at real speed.
+//!
+//! # The script, in integer microseconds
+//!
+//! The GCRA of [`Gcra`](crate::algorithms::Gcra) as one Lua script.
+//!
+//! ## Why microseconds
+//!
+//! Lua numbers are IEEE doubles: integers are exact only below
+//! 2<sup>53</sup>. Nanoseconds since the Unix epoch are about 1.8 ×
+//! 10<sup>18</sup>, far above 2<sup>53</sup> ≈ 9.0 × 10<sup>15</sup>, so a
+//! script on nanoseconds would round its own clock (the reason Bucket4j's
+//! maintainers turned Lua down). Microseconds since the epoch are about 1.8
+//! × 10<sup>15</sup>: exact. turnstile keeps every quantity the script
+//! touches below 2<sup>53</sup>:
+//!
+//! - `now` (the server's `TIME`, or a client clock) below
+//!   [`MAX_NOW_MICROS`] = 2<sup>52</sup> µs (the year 2112 for `TIME`);
+//! - `tau = B × T` at most [`MAX_TOLERANCE_MICROS`] = 2<sup>52</sup> µs
+//!   (about 142 years), checked when the limiter is built;
+//! - so `TAT <= now + tau < 2^53`, and every sum, product and comparison in
+//!   the script is exact integer arithmetic.
+//!
+//! The emission interval is rounded **up** to whole microseconds (a 3/s
+//! quota runs with `T = 333,334 µs`): rounding can only admit fewer requests
+//! than the quota, never more. A quota whose `T` is under 1 µs (more than a
+//! million requests a second per key) cannot be represented and is refused
+//! when the limiter is built.
+//!
+//! ## The call
+//!
+//! `gcra.lua` reads `TAT` with `GET`, computes exactly what
+//! [`Gcra`](crate::algorithms::Gcra) computes, stores the new `TAT` and sets `PEXPIRE`
+//! to the bucket's reset time (when the bucket is full again, a missing key
+//! decides the same, so idle users cost Redis nothing). It takes its keys and
+//! every value through `KEYS`/`ARGV` (no string building), so it runs on
+//! Redis Cluster (a call's keys in one hash slot). It is sent with `EVALSHA` and loaded again on `NOSCRIPT`
+//! (the redis crate's [`Script`](redis::Script)).
+//!
+//! One call decides one request or several, in order, at one `now` (a
+//! batch: [`RedisLimiter::check_batch`](RedisLimiter::check_batch)).
+//! The reply is `{now, granted, TAT before, ...}`, a pair per request; each
+//! [`Decision`] is then worked out in Rust by [`Gcra`](crate::algorithms::Gcra) itself on those numbers
+//! (scaled to nanoseconds), so Redis decisions carry the same figures as
+//! local ones, and a reply that disagrees with the pure function is
+//! reported as a bad reply rather than trusted.
+//!
+//! For leases, the script can take more than the cost: `want` tokens if that
+//! many are available, the cost `n` otherwise. With `want == n` it is plain
+//! GCRA.
 
-pub mod breaker;
+mod breaker;
 mod connection;
 mod error;
 #[cfg(feature = "tower")]
@@ -121,7 +170,7 @@ mod lease;
 mod metrics;
 mod ops;
 mod policy;
-pub mod script;
+mod script;
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU64;

@@ -1,49 +1,5 @@
-//! The GCRA of [`crate::Gcra`] as one Lua script, in integer microseconds.
-//!
-//! # Why microseconds
-//!
-//! Lua numbers are IEEE doubles: integers are exact only below
-//! 2<sup>53</sup>. Nanoseconds since the Unix epoch are about 1.8 ×
-//! 10<sup>18</sup>, far above 2<sup>53</sup> ≈ 9.0 × 10<sup>15</sup>, so a
-//! script on nanoseconds would round its own clock (the reason Bucket4j's
-//! maintainers turned Lua down). Microseconds since the epoch are about 1.8
-//! × 10<sup>15</sup>: exact. turnstile keeps every quantity the script
-//! touches below 2<sup>53</sup>:
-//!
-//! - `now` (the server's `TIME`, or a client clock) below
-//!   [`MAX_NOW_MICROS`] = 2<sup>52</sup> µs (the year 2112 for `TIME`);
-//! - `tau = B × T` at most [`MAX_TOLERANCE_MICROS`] = 2<sup>52</sup> µs
-//!   (about 142 years), checked when the limiter is built;
-//! - so `TAT <= now + tau < 2^53`, and every sum, product and comparison in
-//!   the script is exact integer arithmetic.
-//!
-//! The emission interval is rounded **up** to whole microseconds (a 3/s
-//! quota runs with `T = 333,334 µs`): rounding can only admit fewer requests
-//! than the quota, never more. A quota whose `T` is under 1 µs (more than a
-//! million requests a second per key) cannot be represented and is refused
-//! when the limiter is built.
-//!
-//! # The script
-//!
-//! `gcra.lua` reads `TAT` with `GET`, computes exactly what
-//! [`Gcra`] computes, stores the new `TAT` and sets `PEXPIRE`
-//! to the bucket's reset time (when the bucket is full again, a missing key
-//! decides the same, so idle users cost Redis nothing). It takes its keys and
-//! every value through `KEYS`/`ARGV` (no string building), so it runs on
-//! Redis Cluster (a call's keys in one hash slot). It is sent with `EVALSHA` and loaded again on `NOSCRIPT`
-//! (the redis crate's [`Script`]).
-//!
-//! One call decides one request or several, in order, at one `now` (a
-//! batch: [`RedisLimiter::check_batch`](super::RedisLimiter::check_batch)).
-//! The reply is `{now, granted, TAT before, ...}`, a pair per request; each
-//! [`Decision`] is then worked out in Rust by [`Gcra`] itself on those numbers
-//! (scaled to nanoseconds), so Redis decisions carry the same figures as
-//! local ones, and a reply that disagrees with the pure function is
-//! reported as a bad reply rather than trusted.
-//!
-//! For leases, the script can take more than the cost: `want` tokens if that
-//! many are available, the cost `n` otherwise. With `want == n` it is plain
-//! GCRA.
+//! The GCRA of [`Gcra`] as one Lua script, in integer microseconds; the
+//! reasoning is in the `redis` module docs ("The script").
 
 use std::time::Duration;
 
