@@ -8,8 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Each step's wall time, printed as a table at the end (the README's table
-# of where the time goes comes from it).
+# Each step's wall time, printed as a table at the end (BENCHMARKS.md's
+# table of where the test command's time goes comes from it).
 started=$SECONDS
 step_name="" step_started=$SECONDS
 timings=""
