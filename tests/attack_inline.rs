@@ -21,6 +21,7 @@ use turnstile_rl::__private::HasherSeed as _;
 use turnstile_rl::{KeyedLimiter, ManualClock, OverflowPolicy, Quota};
 
 use turnstile_test_kit::heap;
+use turnstile_test_kit::keys::SplitMix;
 use turnstile_test_kit::within;
 use within::within;
 
@@ -34,17 +35,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     eprintln!("[heap live at test start: {} B]", heap::live());
     guard
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
 }
 
 /// Checks made by a test's workers: the thread driving the clock waits for
@@ -203,7 +193,7 @@ fn exact_burst_attack(
         for t in 0..hot {
             let (limiter, hot_keys, admitted, stop) = (&limiter, &hot_keys, &admitted, &stop);
             s.spawn(move || {
-                let mut rng = Rng(t as u64 + 1);
+                let mut rng = SplitMix(t as u64 + 1);
                 let mut out = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
                     if batch {
@@ -339,7 +329,7 @@ fn evict_fullest_at_small_max_keys_keeps_len_and_keys_exact() {
             for t in 0..6u64 {
                 let (limiter, stop, max_len, pause) = (&limiter, &stop, &max_len, &pause);
                 s.spawn(move || {
-                    let mut rng = Rng(t + 100);
+                    let mut rng = SplitMix(t + 100);
                     while !stop.load(Ordering::Relaxed) {
                         if pause.load(Ordering::Relaxed) {
                             thread::yield_now();
@@ -450,7 +440,7 @@ fn refund_peek_reset_racing_migrations_stay_within_bounds() {
                 for t in 0..3u64 {
                     let (limiter, keys, admitted, stop) = (&limiter, &keys, &admitted, &stop);
                     s.spawn(move || {
-                        let mut rng = Rng(t + 7);
+                        let mut rng = SplitMix(t + 7);
                         while !stop.load(Ordering::Relaxed) {
                             let i = (rng.next() % N) as usize;
                             if limiter.check(&keys[i]).is_allowed() {
@@ -464,7 +454,7 @@ fn refund_peek_reset_racing_migrations_stay_within_bounds() {
                     let (limiter, keys, refunds, resets, stop) =
                         (&limiter, &keys, &refunds, &resets, &stop);
                     s.spawn(move || {
-                        let mut rng = Rng(99);
+                        let mut rng = SplitMix(99);
                         while !stop.load(Ordering::Relaxed) {
                             let i = (rng.next() % N) as usize;
                             let _ = limiter.peek(&keys[i]);
@@ -759,14 +749,14 @@ fn panicking_hash_attack(readers: u64) -> (usize, usize, usize, usize) {
                 for t in 0..readers {
                     let (limiter, keys, stop) = (&limiter, &keys, &stop);
                     s.spawn(move || {
-                        let mut rng = Rng(t + 31);
+                        let mut rng = SplitMix(t + 31);
                         while !stop.load(Ordering::Relaxed) {
                             let key = &keys[(rng.next() % N) as usize];
                             let _ = catch_unwind(AssertUnwindSafe(|| limiter.check(key)));
                         }
                     });
                 }
-                let mut rng = Rng(5);
+                let mut rng = SplitMix(5);
                 for _ in 0..3_000 {
                     // Kill some keys (readers put them back), then migrate
                     // with a panicking hash.
@@ -1045,7 +1035,7 @@ fn exact_burst_for_thousands_of_keys_while_every_thread_grows_the_table() {
                     let running = &running;
                     let (limiter, keys, admitted, resets) = (&limiter, &keys, &admitted, &resets);
                     s.spawn(move || {
-                        let mut rng = Rng(t * 77 + phase);
+                        let mut rng = SplitMix(t * 77 + phase);
                         let offset = rng.next() % N;
                         let stride = [1, 7, 13, 17, 19, 23][t as usize];
                         for round in 0..3 {

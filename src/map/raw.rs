@@ -412,7 +412,8 @@ enum Move {
     CopiedHere,
     /// In the successor, copied by another thread (this one waited).
     CopiedByAnother,
-    /// Lost: the successor had no room, which its sizing rules out.
+    /// Lost: the copy was abandoned because the successor had no room,
+    /// which its sizing rules out.
     Lost,
 }
 

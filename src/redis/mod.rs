@@ -150,7 +150,7 @@
 //! (the redis crate's [`Script`](redis::Script)).
 //!
 //! One call decides one request or several, in order, at one `now` (a
-//! batch: [`RedisLimiter::check_batch`](RedisLimiter::check_batch)).
+//! batch: [`RedisLimiter::check_batch`]).
 //! The reply is `{now, granted, TAT before, ...}`, a pair per request; each
 //! [`Decision`] is then worked out in Rust by [`Gcra`](crate::algorithms::Gcra) itself on those numbers
 //! (scaled to nanoseconds), so Redis decisions carry the same figures as
