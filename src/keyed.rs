@@ -68,6 +68,20 @@
 //!   lookup passes over it. So a thread the OS deschedules between them
 //!   holds up only the inserts and copies whose probe crosses that one
 //!   slot, until it runs again.
+//! - A bucket frozen by a migration is copied into the successor by the
+//!   one thread that wins its COPYING mark: a few steps with no code of the
+//!   key's. A lookup, insert or copy that meets the bucket COPYING waits
+//!   for them, and so does the migration chunk that holds the slot before
+//!   it counts as copied. A copier the OS deschedules there holds up only
+//!   the checks of that one key (and the end of that migration).
+//! - At `max_keys`, a check that finds no room for its key waits until no
+//!   insert is in flight among the keys that share its key's stripe (one
+//!   of 256, by hash; an insert is in flight from just before it takes its
+//!   place until its bucket is published), then looks its key up again
+//!   before the overflow policy acts: the key may be on its way in. Those
+//!   inserts wait for nothing the waiting check holds. (So a key's `Eq`,
+//!   `ToOwned` and `Drop` must not check the limiter that holds the key:
+//!   such a check could wait for the insert that runs it.)
 //! - An insert that finds the new table of a migration already half full,
 //!   while the old table's last chunks are claimed by a thread that the OS
 //!   has descheduled, yields until that thread finishes its chunk (at most
@@ -78,7 +92,9 @@
 //!   that room), so each request evicts at most one bucket. It is refused
 //!   only if 16 attempts in a row find no bucket they can evict (each
 //!   victim updated or evicted by another thread first, or the room held
-//!   by inserts still in flight); it yields between attempts.
+//!   by inserts still in flight); it yields between attempts. An eviction
+//!   made for a key never evicts that key's own bucket: the request is
+//!   decided on it instead.
 //!
 //! # Batches
 //!
@@ -129,7 +145,7 @@ use crate::cell::{Charge, Gone};
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::Decision;
 use crate::error::{CostError, QuotaError};
-use crate::map::{Map, Pinned, Slot};
+use crate::map::{Evicted, Map, Pinned, Slot};
 use crate::quota::Quota;
 use crate::stats::{Counters, Event};
 use crate::sync::{AtomicU64, Ordering};
@@ -292,6 +308,11 @@ where
     /// keys do) and shrinks the table to fit. Returns how many were
     /// forgotten. Not needed for bounded memory: housekeeping does this a
     /// little at a time by itself.
+    ///
+    /// Every key idle when it starts and not checked meanwhile is gone when
+    /// it returns, whatever inserts race it: it migrates the table whole,
+    /// deciding every slot itself, so for a moment it holds a second table
+    /// the size of the first (then shrinks to fit the keys left).
     pub fn evict_idle(&self) -> usize {
         let now = self.clock.now();
         let idle = |state| self.algorithm.is_idle(state, now);
@@ -403,6 +424,13 @@ where
     /// reading). Deciding at the older `now` would start the fresh bucket in
     /// the past and admit more than the quota allows. That reading is left
     /// in `now`, so a batch decides its next keys at it.
+    ///
+    /// With no room, the key may still be on its way in: another check of
+    /// it may hold the last place and not have published its bucket yet.
+    /// So before the overflow policy acts, this waits for the inserts in
+    /// flight of the key's stripe and looks the key up again: a request is
+    /// never decided off its key's bucket while the key is tracked or
+    /// being inserted (see `map::inflight`).
     #[cold]
     #[allow(clippy::too_many_arguments)]
     fn admit<'p, Q, D>(
@@ -422,23 +450,35 @@ where
     {
         // Each failed attempt evicted nothing (its victim was updated or
         // taken by another evictor first); after this many, give up rather
-        // than spin.
+        // than spin. The policies that do not evict look twice: once more
+        // after the inserts they waited for, which may have given their
+        // places back.
         const ATTEMPTS: usize = 16;
+        let attempts = match self.overflow {
+            OverflowPolicy::EvictFullest => ATTEMPTS,
+            OverflowPolicy::Deny | OverflowPolicy::AllowUntracked => 2,
+        };
         #[cfg(turnstile_loom)]
         let _admitting = crate::probe::Admitting::enter();
-        for attempt in 0..ATTEMPTS {
+        for attempt in 0..attempts {
+            // Announced before the place is taken, so a check that finds
+            // no room because of it waits for it.
+            let inserting = map.begin_insert(hash);
             // Room for the key: a free place under `max_keys`, or the place
             // of the one bucket evicted for it, which no one else can take.
             let room = map.try_reserve(self.max_keys)
                 || (self.overflow == OverflowPolicy::EvictFullest
-                    && map.evict_one_near(hash, OVERFLOW_SAMPLE, attempt)
-                    && {
-                        self.counters.add(Event::OverflowEviction, 1);
-                        true
+                    && match map.evict_one_near(hash, key, OVERFLOW_SAMPLE, attempt) {
+                        Evicted::Victim => {
+                            self.counters.add(Event::OverflowEviction, 1);
+                            true
+                        }
+                        Evicted::OwnKey(slot) => return Admitted::Found(slot),
+                        Evicted::Nothing => false,
                     });
             if room {
                 // Given back if the key's `ToOwned` or `Eq` panics, or if the
-                // key turns out to be there already.
+                // key turns out to be there already; then the mark ends.
                 let reservation = Reservation(map);
                 let mut decided = None;
                 let fresh_state = || {
@@ -456,14 +496,25 @@ where
                 }
                 return Admitted::Found(slot);
             }
-            if self.overflow != OverflowPolicy::EvictFullest {
-                break;
-            }
+            // No room. Our own mark ends first: the wait is for others'.
+            drop(inserting);
+            let _waited = map.wait_for_inserts(hash);
             #[cfg(turnstile_loom)]
-            crate::probe::hit(&crate::probe::EVICTION_LOST);
-            // The room is held by reservations of inserts in flight, or the
-            // victim was taken: let those threads finish before looking again.
-            crate::sync::yield_now();
+            if _waited {
+                crate::probe::hit(&crate::probe::NO_ROOM_WAITED_FOR_INSERT);
+            }
+            if let Some(slot) = map.find(hash, key) {
+                #[cfg(turnstile_loom)]
+                crate::probe::hit(&crate::probe::NO_ROOM_FOUND_KEY);
+                return Admitted::Found(slot);
+            }
+            if self.overflow == OverflowPolicy::EvictFullest {
+                #[cfg(turnstile_loom)]
+                crate::probe::hit(&crate::probe::EVICTION_LOST);
+                // The victim was taken by another evictor: let it finish
+                // before sampling again.
+                crate::sync::yield_now();
+            }
         }
         Admitted::Refused(*now)
     }

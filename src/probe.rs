@@ -66,9 +66,34 @@ pub static COPIED_BY_READER: Probe = Probe::new();
 /// A thread that would have copied a frozen bucket found another thread
 /// copying it (it won the CAS to COPYING first), and waited for its copy.
 pub static COPY_WON_BY_ANOTHER: Probe = Probe::new();
-/// A thread met a slot claimed by an insert still writing its key, and
-/// waited for it to be published.
-pub static WAITED_FOR_BUSY_SLOT: Probe = Probe::new();
+/// A thread that would have copied a frozen bucket found it buried (its
+/// key's `Hash` panicked on the migrating thread).
+pub static COPY_FOUND_BURIED: Probe = Probe::new();
+/// An insert met a slot claimed by another insert still writing its key,
+/// and waited for it to be published.
+pub static INSERT_WAITED_FOR_BUSY_SLOT: Probe = Probe::new();
+/// A copy into the successor met a slot claimed by an insert still writing
+/// its key, and waited for it to be published.
+pub static COPY_WAITED_FOR_BUSY_SLOT: Probe = Probe::new();
+/// A migration chunk whose key's `Hash` panicked found a reader copying
+/// that bucket, and waited for the copy before counting the chunk.
+pub static PANICKED_CHUNK_WAITED_FOR_COPY: Probe = Probe::new();
+/// A migration chunk whose key's `Hash` panicked buried the bucket.
+pub static PANICKED_CHUNK_BURIED: Probe = Probe::new();
+/// A check that found no room for its key waited for an insert in flight.
+pub static NO_ROOM_WAITED_FOR_INSERT: Probe = Probe::new();
+/// A check that found no room for its key found it on looking again: it
+/// was inserted meanwhile, and the request is decided on its bucket.
+pub static NO_ROOM_FOUND_KEY: Probe = Probe::new();
+/// An overflow eviction made for a key chose that key's own bucket, and
+/// decided on it instead of evicting it.
+pub static EVICTION_SPARED_OWN_KEY: Probe = Probe::new();
+/// An eviction of every idle key (`clear`, `evict_idle`) found chunks of
+/// the migration it runs claimed by another thread first, and waited for
+/// them before sweeping the successor.
+pub static EVICTION_WAITED_FOR_EARLIER_CHUNKS: Probe = Probe::new();
+/// A check ran a housekeeping step (its clock reached the tick).
+pub static HOUSEKEEPING_RAN: Probe = Probe::new();
 /// A thread met a bucket that another thread is copying into the successor
 /// (COPYING), and waited for the copy to land.
 pub static WAITED_FOR_COPY: Probe = Probe::new();
@@ -94,9 +119,6 @@ pub static WAITED_FOR_CLAIMED_CHUNKS: Probe = Probe::new();
 pub static ROOT_SWUNG_BY_HELPER: Probe = Probe::new();
 /// A migration's chunks were copied by two different threads.
 pub static CHUNKS_COPIED_BY_TWO_THREADS: Probe = Probe::new();
-/// A migration left a dead or idle bucket behind (its key is freed with
-/// the old table, through the epoch).
-pub static NODE_DROPPED: Probe = Probe::new();
 /// A multi-limit rollback found the limit's state moved since its charge
 /// (another check charged or rolled back in between).
 pub static MULTI_ROLLBACK_RACED: Probe = Probe::new();

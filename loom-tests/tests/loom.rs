@@ -122,7 +122,7 @@ fn insert_insert_same_key() {
     );
     reached(
         since,
-        &probe::WAITED_FOR_BUSY_SLOT,
+        &probe::INSERT_WAITED_FOR_BUSY_SLOT,
         "an insert waiting for the other insert to publish its key",
     );
 }
@@ -488,5 +488,351 @@ fn refund_races_a_check() {
     assert!(
         REFUND_RACE.load(std::sync::atomic::Ordering::Relaxed) > 0,
         "no check landed between a check and its refund"
+    );
+}
+
+/// (m) Two first requests of one key at `max_keys(1)`, burst 2: one holds
+/// the only place while it moves the key in, or has just published it,
+/// when the other finds no room. Under every policy both must be decided on
+/// the key's one bucket (both admitted, one token left between them): the
+/// second waits for the insert in flight and looks the key up again, and
+/// an eviction made for the key never evicts the key's own bucket.
+fn first_requests_share_one_bucket(policy: OverflowPolicy) -> usize {
+    model(move || {
+        let limiter = Arc::new(
+            KeyedLimiter::builder(quota(2))
+                .clock(ManualClock::new())
+                .max_keys(1)
+                .overflow(policy)
+                .build(),
+        );
+        let other = limiter.clone();
+        let a = spawn(move || other.check(&7));
+        let b = limiter.check(&7);
+        let a = a.join().unwrap();
+        assert!(a.is_allowed() && b.is_allowed(), "{policy:?}: {a:?} {b:?}");
+        assert_eq!(a.remaining() + b.remaining(), 1, "{policy:?}: two buckets");
+        assert_eq!(limiter.len(), 1);
+    })
+}
+
+#[test]
+fn first_requests_at_max_keys_evict_fullest() {
+    let since = first_requests_share_one_bucket(OverflowPolicy::EvictFullest);
+    reached(
+        since,
+        &probe::EVICTION_SPARED_OWN_KEY,
+        "an eviction for a key choosing that key's own fresh bucket",
+    );
+    reached(
+        since,
+        &probe::NO_ROOM_FOUND_KEY,
+        "a check with no room finding its key on looking again",
+    );
+}
+
+#[test]
+fn first_requests_at_max_keys_deny() {
+    let since = first_requests_share_one_bucket(OverflowPolicy::Deny);
+    reached(
+        since,
+        &probe::NO_ROOM_WAITED_FOR_INSERT,
+        "a check with no room waiting for its key's insert in flight",
+    );
+    reached(
+        since,
+        &probe::NO_ROOM_FOUND_KEY,
+        "a check with no room finding its key on looking again",
+    );
+}
+
+#[test]
+fn first_requests_at_max_keys_allow_untracked() {
+    let since = first_requests_share_one_bucket(OverflowPolicy::AllowUntracked);
+    reached(
+        since,
+        &probe::NO_ROOM_FOUND_KEY,
+        "a check with no room finding its key on looking again",
+    );
+}
+
+/// (n) `clear` racing a migration that an insert starts: the migration's
+/// first chunk, claimed by the insert, copies the spent key's bucket with
+/// the insert's idle test before `clear` can sweep it. `clear` migrates the
+/// table itself, waits for chunks others claimed, and sweeps what they
+/// copied into the successor: a key spent before `clear` and untouched
+/// since is gone after it.
+#[test]
+fn clear_races_a_migration_an_insert_starts() {
+    let since = model(|| {
+        let clock = ManualClock::new();
+        let limiter = keyed(1, &clock);
+        assert!(limiter.check(&1).is_allowed());
+        let other = limiter.clone();
+        // Key 2 finds the smallest table half full and starts a migration.
+        let a = spawn(move || other.check(&2).is_allowed());
+        limiter.clear();
+        assert!(a.join().unwrap());
+        assert!(
+            limiter.check(&1).is_allowed(),
+            "the spent key kept its state through clear()"
+        );
+    });
+    reached(
+        since,
+        &probe::EVICTION_WAITED_FOR_EARLIER_CHUNKS,
+        "clear waiting for chunks the insert claimed first",
+    );
+}
+
+/// Keys of a model that owns heap memory and counts what it makes and
+/// drops, so that a key dropped twice or never shows; and whose `Hash`
+/// panics while `PANIC_HASH` is set. Checks look keys up by [`Id`], whose
+/// `Hash` never panics: the only hash of a stored key is a migration's.
+mod keys {
+    use std::borrow::Borrow;
+    use std::hash::{Hash, Hasher};
+    use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
+
+    pub static LIVE: AtomicIsize = AtomicIsize::new(0);
+    pub static PANIC_HASH: AtomicBool = AtomicBool::new(false);
+
+    #[derive(PartialEq, Eq, Debug)]
+    pub struct Id(pub u64);
+
+    impl Hash for Id {
+        fn hash<H: Hasher>(&self, h: &mut H) {
+            self.0.hash(h)
+        }
+    }
+
+    impl ToOwned for Id {
+        type Owned = Owned;
+        fn to_owned(&self) -> Owned {
+            LIVE.fetch_add(1, Ordering::Relaxed);
+            Owned {
+                id: Id(self.0),
+                _heap: Box::new(self.0),
+            }
+        }
+    }
+
+    #[derive(Debug)]
+    pub struct Owned {
+        id: Id,
+        _heap: Box<u64>,
+    }
+
+    impl Borrow<Id> for Owned {
+        fn borrow(&self) -> &Id {
+            &self.id
+        }
+    }
+
+    impl PartialEq for Owned {
+        fn eq(&self, other: &Self) -> bool {
+            self.id == other.id
+        }
+    }
+    impl Eq for Owned {}
+
+    impl Hash for Owned {
+        fn hash<H: Hasher>(&self, h: &mut H) {
+            if PANIC_HASH.load(Ordering::Relaxed) {
+                panic!("a hostile Hash on the migrating thread");
+            }
+            self.id.hash(h)
+        }
+    }
+
+    impl Drop for Owned {
+        fn drop(&mut self) {
+            LIVE.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// (o) A key whose `Hash` panics on the migrating thread, while a reader
+/// copies its frozen bucket: the migration's chunk must wait for that copy
+/// before it counts, or the root can swing before the copy lands and a
+/// check on the new root inserts a second bucket for the key beside it.
+/// Keys own heap memory: every key made is dropped exactly once, by the
+/// table that owns it when the limiter goes.
+#[test]
+fn a_panicking_hash_never_splits_a_key() {
+    use keys::{Id, Owned, LIVE, PANIC_HASH};
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::sync::atomic::Ordering::Relaxed;
+
+    std::panic::set_hook(Box::new(|_| {}));
+    LIVE.store(0, Relaxed);
+    let since = model(|| {
+        // The previous execution's keys were all dropped once when it ended
+        // (its threads' epoch handles, and with them the retired tables,
+        // go with its threads).
+        assert_eq!(LIVE.swap(0, Relaxed), 0, "a key dropped twice or never");
+        PANIC_HASH.store(false, Relaxed);
+        let clock = ManualClock::new();
+        let limiter: Arc<KeyedLimiter<Owned, ManualClock>> =
+            Arc::new(KeyedLimiter::builder(quota(2)).clock(clock.clone()).build());
+        assert!(limiter.check(&Id(1)).is_allowed());
+        PANIC_HASH.store(true, Relaxed);
+        let reader = limiter.clone();
+        // Copies key 1's bucket if it meets it frozen.
+        let a = spawn(move || reader.check(&Id(1)).is_allowed());
+        // Key 2 starts the migration; its chunks hash key 1 and panic.
+        let two = catch_unwind(AssertUnwindSafe(|| limiter.check(&Id(2))));
+        let three = catch_unwind(AssertUnwindSafe(|| limiter.check(&Id(3))));
+        assert!(a.join().unwrap());
+        assert!(
+            two.is_err() || three.is_err(),
+            "the migration never hashed key 1"
+        );
+        PANIC_HASH.store(false, Relaxed);
+        // Key 1 is tracked once, or was buried (lost, as if evicted) and
+        // comes back once: the limiter holds it and the one key of 2 and 3
+        // whose insert did not panic.
+        let _ = limiter.check(&Id(1));
+        assert_eq!(limiter.len(), 2, "a key with two buckets");
+    });
+    assert_eq!(LIVE.load(Relaxed), 0, "a key dropped twice or never");
+    let _ = std::panic::take_hook();
+    reached(
+        since,
+        &probe::PANICKED_CHUNK_WAITED_FOR_COPY,
+        "a panicked chunk finding a reader copying the bucket",
+    );
+    reached(
+        since,
+        &probe::PANICKED_CHUNK_BURIED,
+        "a panicked chunk burying the bucket",
+    );
+}
+
+/// (p) Housekeeping: the clock passes the 1 ms tick, so one of two checks
+/// of an idle key runs the periodic sweep (and compaction) while the other
+/// updates that key. No update is lost: an update that meets the sweep's
+/// tombstone goes back to the map, and both land on one bucket.
+#[test]
+fn housekeeping_races_an_update() {
+    let since = model(|| {
+        let clock = ManualClock::new();
+        let limiter = keyed(2, &clock);
+        assert!(limiter.check(&1).is_allowed());
+        // Key 1's bucket is full again long before the first tick.
+        clock.set(Duration::from_millis(2));
+        let other = limiter.clone();
+        let a = spawn(move || other.check(&1));
+        let b = limiter.check(&1);
+        let a = a.join().unwrap();
+        assert!(a.is_allowed() && b.is_allowed());
+        assert_eq!(a.remaining() + b.remaining(), 1, "an update was lost");
+    });
+    reached(
+        since,
+        &probe::HOUSEKEEPING_RAN,
+        "a check running the periodic housekeeping step",
+    );
+    reached(
+        since,
+        &probe::UPDATE_MET_TOMBSTONE,
+        "an update meeting the periodic sweep's tombstone",
+    );
+}
+
+/// (q) The operations beside `check` racing a migration: `reset` of one
+/// key and `peek` of another while the other's insert grows the table. The reset key is forgotten exactly once, the peeked
+/// key's state is read, not changed, and no bucket is lost or doubled.
+#[test]
+fn operations_race_growth() {
+    let since = model(|| {
+        let clock = ManualClock::new();
+        let limiter = keyed(2, &clock);
+        assert!(limiter.check(&1).is_allowed());
+        let other = limiter.clone();
+        // Key 2 finds the smallest table half full and starts a migration.
+        let a = spawn(move || other.check(&2).is_allowed());
+        assert!(limiter.reset(&1), "key 1 was tracked");
+        // Absent or admitted once: either way a request would be admitted.
+        assert!(limiter.peek(&2).is_allowed());
+        assert!(a.join().unwrap());
+        assert!(!limiter.reset(&1), "a reset key is not tracked");
+        assert_eq!(limiter.check(&1).remaining(), 1, "the reset was lost");
+        let two = limiter.peek(&2);
+        assert!(
+            two.is_allowed() && two.remaining() == 0,
+            "the insert was lost"
+        );
+        assert_eq!(limiter.len(), 2);
+    });
+    reached(
+        since,
+        &probe::UPDATE_MET_FROZEN,
+        "an operation meeting a bucket the migration froze",
+    );
+}
+
+/// (r) A batch racing growth: `check_batch` of key 1 twice while another
+/// key's insert starts a migration that freezes key 1's bucket; both of the
+/// batch's decisions count, in order.
+#[test]
+fn check_batch_races_growth() {
+    let since = model(|| {
+        let clock = ManualClock::new();
+        let limiter = keyed(3, &clock);
+        assert!(limiter.check(&1).is_allowed());
+        let other = limiter.clone();
+        let a = spawn(move || other.check(&2).is_allowed());
+        let mut out = Vec::new();
+        limiter.check_batch(&[1, 1], &mut out);
+        assert!(a.join().unwrap());
+        assert_eq!((out[0].remaining(), out[1].remaining()), (1, 0));
+        assert!(limiter.check(&1).is_denied(), "a batch's update was lost");
+        assert_eq!(limiter.len(), 2);
+    });
+    reached(
+        since,
+        &probe::UPDATE_MET_FROZEN,
+        "the batch's update meeting the bucket the migration froze",
+    );
+}
+
+/// (s) Two first requests of one key on a keyed multi-limiter: both insert
+/// the key into each limit's map at once, the second limit (burst 1)
+/// admits one of them, and the other's charge on the first limit is rolled
+/// back, possibly with the admitted one's charge on top of it. Exactly one
+/// charge stays on the first limit.
+#[test]
+fn keyed_multi_first_requests_race() {
+    use turnstile_rl::KeyedMultiLimiter;
+    let since = model(|| {
+        let quotas: Quotas = "10000/s burst 2; 10000/s burst 1".parse().unwrap();
+        let limiter = Arc::new(KeyedMultiLimiter::<u64, ManualClock>::with_clock(
+            quotas,
+            ManualClock::new(),
+        ));
+        let other = limiter.clone();
+        let a = spawn(move || other.check(&1));
+        let b = limiter.check(&1);
+        let a = a.join().unwrap();
+        assert!(
+            a.is_allowed() ^ b.is_allowed(),
+            "burst 1 on the second limit"
+        );
+        let first = limiter.limits()[0].peek(&1);
+        assert!(
+            first.is_allowed() && first.remaining() == 0,
+            "the first limit kept other than the admitted request's charge: {first:?}"
+        );
+    });
+    reached(
+        since,
+        &probe::CONCURRENT_ADMITS,
+        "two first requests at once",
+    );
+    reached(
+        since,
+        &probe::MULTI_ROLLBACK_RACED,
+        "a rollback finding the first limit moved since its charge",
     );
 }

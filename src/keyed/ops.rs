@@ -111,7 +111,10 @@ where
 
     /// Forgets every key: every bucket is full again. Returns how many keys
     /// were forgotten. Checks that race it land on their key before or after
-    /// its removal, as with [`reset`](KeyedLimiter::reset).
+    /// its removal, as with [`reset`](KeyedLimiter::reset); every key not
+    /// checked meanwhile is gone when it returns. It runs as
+    /// [`evict_idle`](KeyedLimiter::evict_idle) does (a second table for a
+    /// moment).
     ///
     /// ```
     /// use turnstile_rl::KeyedLimiter;

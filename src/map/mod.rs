@@ -4,6 +4,7 @@
 //! collector; the front makes that the only way to call them: [`Map::pin`]
 //! returns a [`Pinned`] view that carries both.
 
+mod inflight;
 mod pin;
 mod raw;
 
@@ -14,7 +15,7 @@ use std::hash::Hash;
 use crossbeam_epoch::{Collector, Guard};
 
 use raw::RawMap;
-pub(crate) use raw::{Idle, Slot};
+pub(crate) use raw::{Evicted, Idle, Slot};
 
 /// A lock-free map from keys to cells (see [`raw`] for the layout).
 pub(crate) struct Map<K> {
@@ -121,6 +122,19 @@ pub(crate) struct Pinned<'m, K> {
 }
 
 impl<K> Pinned<'_, K> {
+    /// Announces an insert of a key hashing to `hash` until the mark is
+    /// dropped; taken before its place is reserved (see [`inflight`]).
+    #[inline]
+    pub(crate) fn begin_insert(&self, hash: u64) -> inflight::Inserting<'_> {
+        self.raw.inflight.begin(hash)
+    }
+
+    /// Waits until no insert of `hash`'s stripe is in flight (the caller
+    /// holds no mark); returns whether it waited.
+    pub(crate) fn wait_for_inserts(&self, hash: u64) -> bool {
+        self.raw.inflight.wait_for(hash)
+    }
+
     /// Returns an unused reservation.
     pub(crate) fn unreserve(&self) {
         self.raw.unreserve()
@@ -186,16 +200,30 @@ impl<K: Hash + Eq> Pinned<'_, K> {
         self.raw.remove(hash, key, &self.guard)
     }
 
-    /// Tombstones the least-informative live key near `hash`; on success the
-    /// caller holds its place as a reservation.
-    pub(crate) fn evict_one_near(&self, hash: u64, sample: usize, attempt: usize) -> bool {
-        self.raw.evict_one_near(hash, sample, attempt, &self.guard)
+    /// Tombstones the least-informative live key near `hash` to make room
+    /// for `key` (never `key`'s own bucket, which it returns instead); on
+    /// [`Evicted::Victim`] the caller holds its place as a reservation.
+    pub(crate) fn evict_one_near<Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+        sample: usize,
+        attempt: usize,
+    ) -> Evicted<'_, K>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Eq,
+    {
+        self.raw
+            .evict_one_near(hash, key, sample, attempt, &self.guard)
     }
 
     /// One step of housekeeping: help a migration along, or sweep `budget`
     /// slots for idle keys and compact the table if it has become sparse.
     /// Returns how many keys the sweep evicted.
     pub(crate) fn maintain(&self, budget: usize, idle: &impl Idle) -> usize {
+        #[cfg(turnstile_loom)]
+        crate::probe::hit(&crate::probe::HOUSEKEEPING_RAN);
         let chunks = budget.div_ceil(raw::MIGRATION_CHUNK);
         let evicted = match self.raw.help_migrate(chunks, idle, &self.guard) {
             Some(evicted) => evicted,
@@ -212,11 +240,18 @@ impl<K: Hash + Eq> Pinned<'_, K> {
     }
 
     /// Evicts every idle key now and finishes any migration, returning the
-    /// number evicted.
+    /// number evicted. Every bucket live and idle when it starts, and not
+    /// updated meanwhile, is gone when it returns, however inserts and
+    /// migrations race it (see `RawMap::evict_idle_migrating`).
     pub(crate) fn evict_all_idle(&self, idle: &impl Idle) -> usize {
-        let mut evicted = self.finish_migration(idle);
-        let capacity = self.raw.capacity(&self.guard);
-        evicted += self.raw.sweep(capacity, idle, &self.guard);
+        let mut evicted = 0;
+        loop {
+            evicted += self.finish_migration(idle);
+            if let Some(n) = self.raw.evict_idle_migrating(idle, &self.guard) {
+                evicted += n;
+                break;
+            }
+        }
         self.raw.compact_if_sparse(&self.guard);
         evicted += self.finish_migration(idle);
         // Hand this thread's garbage (the old table) to the collector now
@@ -311,7 +346,10 @@ mod tests {
         for _ in 0..3 {
             let _ = a.cell.update(&gcra, 0, 1);
         }
-        assert!(pinned.evict_one_near(map.hash("a"), 8, 0));
+        assert!(matches!(
+            pinned.evict_one_near(map.hash("a"), "c", 8, 0),
+            Evicted::Victim
+        ));
         assert!(
             pinned.find(map.hash("b"), "b").is_none(),
             "b had the smaller TAT"

@@ -110,7 +110,9 @@
 //! - **Counters** (`claimed`, `sweep`, `len`) are `Relaxed`: they steer
 //!   heuristics (where to sweep, whether there is room for a key) or are
 //!   owned by the one `fetch_add` that returned them (a `claimed` chunk),
-//!   whatever the ordering.
+//!   whatever the ordering. The exception is a reservation in `len`:
+//!   `Release` when it succeeds and `Acquire` when it fails, for the wait
+//!   on inserts in flight (`super::inflight`).
 //! - **`occupied`** is `Relaxed` too, except the pair that sizes a
 //!   successor: a slot reservation is `Release` and the close is `Acquire`
 //!   (see "Sizing a successor").
@@ -125,6 +127,7 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
 use crossbeam_utils::CachePadded;
 
+use super::inflight::InFlight;
 use crate::cell::{Cell, Gone, Seen};
 use crate::sync::{wait_briefly, AtomicUsize, Ordering, UnsafeCell};
 
@@ -405,6 +408,17 @@ enum Moved {
     Dropped,
 }
 
+/// What `evict_one_near` did to make room for a key.
+pub(crate) enum Evicted<'g, K> {
+    /// Evicted a bucket: its place is the caller's reservation.
+    Victim,
+    /// The bucket it would have evicted is the key's own: the key is
+    /// tracked, in this slot.
+    OwnKey(&'g Slot<K>),
+    /// Evicted nothing (no candidate, or it changed first).
+    Nothing,
+}
+
 /// How `move_bucket` left a frozen live bucket.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Move {
@@ -426,6 +440,8 @@ pub(crate) struct RawMap<K> {
     len: CachePadded<AtomicUsize>,
     /// Hashes keys; a migration rehashes each key it copies.
     hasher: ahash::RandomState,
+    /// Inserts announced and not yet finished (see `super::inflight`).
+    pub(crate) inflight: InFlight,
 }
 
 impl<K> RawMap<K> {
@@ -434,6 +450,7 @@ impl<K> RawMap<K> {
             root: Atomic::new(Table::new(MIN_CAPACITY)),
             len: CachePadded::new(AtomicUsize::new(0)),
             hasher,
+            inflight: InFlight::new(),
         }
     }
 
@@ -447,9 +464,13 @@ impl<K> RawMap<K> {
     }
 
     /// Reserves room for one more live key if fewer than `max` are live.
+    ///
+    /// Release on success, Acquire on failure: a check that finds no room
+    /// sees the insert announcements made before the reservations that
+    /// filled it (see `super::inflight`).
     pub(crate) fn try_reserve(&self, max: usize) -> bool {
         self.len
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+            .fetch_update(Ordering::Release, Ordering::Acquire, |n| {
                 (n < max).then_some(n + 1)
             })
             .is_ok()
@@ -645,7 +666,7 @@ impl<K: Hash + Eq> RawMap<K> {
                     // It may be our key: wait for it to be published.
                     (Seen::Busy, _) => {
                         #[cfg(turnstile_loom)]
-                        crate::probe::hit(&crate::probe::WAITED_FOR_BUSY_SLOT);
+                        crate::probe::hit(&crate::probe::INSERT_WAITED_FOR_BUSY_SLOT);
                         wait_briefly(&mut waited);
                         continue;
                     }
@@ -709,11 +730,18 @@ impl<K: Hash + Eq> RawMap<K> {
     /// mark. Returns how the move ended, as this thread saw it.
     fn move_bucket(&self, slot: &Slot<K>, next: &Table<K>, state: u64, hash: u64) -> Move {
         if !slot.cell.start_copy(state) {
-            #[cfg(turnstile_loom)]
-            crate::probe::hit(&crate::probe::COPY_WON_BY_ANOTHER);
+            // Another thread won the copy, or buried the bucket.
             return match Self::wait_for_copy(slot) {
-                Seen::Copied => Move::CopiedByAnother,
-                _ => Move::Lost,
+                Seen::Copied => {
+                    #[cfg(turnstile_loom)]
+                    crate::probe::hit(&crate::probe::COPY_WON_BY_ANOTHER);
+                    Move::CopiedByAnother
+                }
+                _ => {
+                    #[cfg(turnstile_loom)]
+                    crate::probe::hit(&crate::probe::COPY_FOUND_BURIED);
+                    Move::Lost
+                }
             };
         }
         // SAFETY: the word was live before this thread froze or won it: the
@@ -723,10 +751,11 @@ impl<K: Hash + Eq> RawMap<K> {
             Move::CopiedHere
         } else {
             // No room: impossible by the sizing argument, but a lost bucket
-            // is a better failure than a hang.
-            debug_assert!(false, "a copy found its successor full");
+            // is a better failure than a hang. Settled before the assertion,
+            // so that a debug build's panic leaves no slot COPYING.
             slot.cell.abandon_copy();
             self.len.fetch_sub(1, Ordering::Relaxed);
+            debug_assert!(false, "a copy found its successor full");
             Move::Lost
         }
     }
@@ -748,13 +777,36 @@ impl<K: Hash + Eq> RawMap<K> {
         }
     }
 
-    /// Kills a frozen bucket whose key's `Hash` panicked while a migration
-    /// held it (unless a copier took it first): the bucket is lost, as if
-    /// evicted, and the migration can still end.
+    /// Settles a slot whose key's `Hash` panicked while this thread's
+    /// migration chunk held it frozen, so that the chunk can count as
+    /// migrated: buries the bucket (it is lost, as if evicted), unless a
+    /// reader won its copy first, in which case waits for the copy to land
+    /// as `move_bucket`'s losers do. A chunk never counts while one of its
+    /// slots is COPYING: the root could otherwise swing before the copy
+    /// lands, and a check on the new root insert a second bucket for the
+    /// key beside it.
     #[cold]
-    fn bury(&self, slot: &Slot<K>, state: u64) {
-        if slot.cell.kill_frozen(state) {
-            self.len.fetch_sub(1, Ordering::Relaxed);
+    fn settle_panicked(&self, slot: &Slot<K>) {
+        loop {
+            match Seen::of(slot.cell.word()) {
+                (Seen::Live(state), true) => {
+                    if slot.cell.kill_frozen(state) {
+                        self.len.fetch_sub(1, Ordering::Relaxed);
+                        #[cfg(turnstile_loom)]
+                        crate::probe::hit(&crate::probe::PANICKED_CHUNK_BURIED);
+                        return;
+                    }
+                    // A reader won the copy first: look again.
+                }
+                (Seen::Copying, _) => {
+                    #[cfg(turnstile_loom)]
+                    crate::probe::hit(&crate::probe::PANICKED_CHUNK_WAITED_FOR_COPY);
+                    Self::wait_for_copy(slot);
+                    return;
+                }
+                // Copied, dead or empty: settled.
+                _ => return,
+            }
         }
     }
 
@@ -902,7 +954,7 @@ impl<K: Hash + Eq> RawMap<K> {
         guard: &Guard,
     ) -> Option<usize> {
         // SAFETY: as in `find`.
-        let (t, n) = unsafe { (table.deref(), next.deref()) };
+        let t = unsafe { table.deref() };
         let start = t
             .counters
             .claimed
@@ -911,6 +963,23 @@ impl<K: Hash + Eq> RawMap<K> {
             return None;
         }
         let end = (start + MIGRATION_CHUNK).min(t.capacity());
+        Some(self.migrate_range(table, next, start..end, idle, guard))
+    }
+
+    /// Migrates the slots `range` of `table` into `next` (this thread
+    /// claimed them), returning how many idle keys it evicted; the thread
+    /// that migrates the last slot swings the root and retires the table.
+    fn migrate_range(
+        &self,
+        table: Shared<'_, Table<K>>,
+        next: Shared<'_, Table<K>>,
+        range: std::ops::Range<usize>,
+        idle: &impl Idle,
+        guard: &Guard,
+    ) -> usize {
+        // SAFETY: as in `find`.
+        let (t, n) = unsafe { (table.deref(), next.deref()) };
+        let (start, end) = (range.start, range.end);
         #[cfg(turnstile_loom)]
         {
             let mut copiers = t.copiers.lock().unwrap();
@@ -933,9 +1002,7 @@ impl<K: Hash + Eq> RawMap<K> {
                 Ok(Moved::Evicted) => evicted += 1,
                 Ok(_) => {}
                 Err(panic) => {
-                    if let (Seen::Live(state), true) = Seen::of(slot.cell.word()) {
-                        self.bury(slot, state);
-                    }
+                    self.settle_panicked(slot);
                     panicked.get_or_insert(panic);
                 }
             }
@@ -975,6 +1042,52 @@ impl<K: Hash + Eq> RawMap<K> {
         if let Some(panic) = panicked {
             resume_unwind(panic);
         }
+        evicted
+    }
+
+    /// Evicts every idle bucket of the root by migrating it whole, this
+    /// thread deciding every slot. Returns how many it evicted, or `None`
+    /// if another thread's migration of the root had claimed every chunk
+    /// (the caller finishes that migration and calls again).
+    ///
+    /// A sweep of the root cannot be exact while inserts may start a
+    /// migration: its chunks freeze and copy buckets before the sweep
+    /// reaches them. So this closes the root itself (no other migration
+    /// can start until the successor becomes the root, which waits for
+    /// this thread's chunks) and claims every chunk left. Chunks claimed by
+    /// others before that are waited for, then the successor, which holds
+    /// what they copied and every key inserted since, is swept whole; then
+    /// this thread migrates its own chunks, evicting their idle buckets
+    /// instead of copying them. The caller has finished any migration that
+    /// was under way.
+    pub(crate) fn evict_idle_migrating(&self, idle: &impl Idle, guard: &Guard) -> Option<usize> {
+        let root = self.root.load(Ordering::Acquire, guard);
+        let next = self.start_migration(root, guard);
+        // SAFETY: as in `find`.
+        let (t, n) = unsafe { (root.deref(), next.deref()) };
+        let start = t
+            .counters
+            .claimed
+            .fetch_add(t.capacity(), Ordering::Relaxed);
+        if start >= t.capacity() {
+            return None;
+        }
+        if start > 0 {
+            // Another thread started this migration and copies its first
+            // chunks with its own idle test: wait for them to land.
+            #[cfg(turnstile_loom)]
+            crate::probe::hit(&crate::probe::EVICTION_WAITED_FOR_EARLIER_CHUNKS);
+            // Acquire: their copies are in the successor before the sweep.
+            while t.counters.migrated.load(Ordering::Acquire) < start {
+                crate::sync::yield_now();
+            }
+        }
+        let mut evicted = n
+            .slots
+            .iter()
+            .filter(|slot| self.sweep_slot(slot, idle))
+            .count();
+        evicted += self.migrate_range(root, next, start..t.capacity(), idle, guard);
         Some(evicted)
     }
 
@@ -1015,8 +1128,6 @@ impl<K: Hash + Eq> RawMap<K> {
                 }
                 (Seen::Dead, false) => {
                     if slot.cell.freeze(word) {
-                        #[cfg(turnstile_loom)]
-                        crate::probe::hit(&crate::probe::NODE_DROPPED);
                         return if evicted {
                             Moved::Evicted
                         } else {
@@ -1063,21 +1174,30 @@ impl<K: Hash + Eq> RawMap<K> {
         let start = t.counters.sweep.fetch_add(budget, Ordering::Relaxed);
         (0..budget.min(t.capacity()))
             .filter(|offset| {
-                let slot = &t.slots[(start + offset) & t.mask];
-                matches!(Seen::of(slot.cell.word()), (Seen::Live(_), false))
-                    && self.claim_if_idle(slot, idle)
+                let slot = &t.slots[start.wrapping_add(*offset) & t.mask];
+                self.sweep_slot(slot, idle)
             })
             .count()
+    }
+
+    /// Tombstones the bucket in `slot` if it is live, unfrozen and idle;
+    /// counts it out of `len`.
+    fn sweep_slot(&self, slot: &Slot<K>, idle: &impl Idle) -> bool {
+        matches!(Seen::of(slot.cell.word()), (Seen::Live(_), false))
+            && self.claim_if_idle(slot, idle)
     }
 
     /// Tombstones the live bucket with the smallest state (for GCRA, the
     /// bucket closest to full) among the first `sample` live buckets found
     /// from `hash` on, in the successor during a migration (every bucket
     /// copied so far and every key inserted since is there) and in the
-    /// root (whose frozen buckets can no longer be claimed). At least two
-    /// candidates are compared whenever the map holds two, so a busy key is
-    /// never chosen merely for being alone in its neighbourhood. States are
-    /// read in place: no key is touched.
+    /// root (whose frozen buckets can no longer be claimed), to make room
+    /// for `key`. At least two candidates are compared whenever the map
+    /// holds two, so a busy key is never chosen merely for being alone in
+    /// its neighbourhood. States are read in place; the one key compared
+    /// is the chosen victim's, because an eviction made for `key` must
+    /// never evict `key`: if the victim is `key`'s own bucket, the key is
+    /// tracked after all and that bucket is returned instead.
     ///
     /// The scan of each table is a window of `4 * sample` slots from the
     /// key's home, doubled on each `attempt` of the caller's, and goes past
@@ -1086,18 +1206,21 @@ impl<K: Hash + Eq> RawMap<K> {
     /// cache lines hold the sample, and the new key's own probe then starts
     /// on lines this scan brought in.
     ///
-    /// On success the evicted key's place in `len` passes to the caller,
-    /// who holds it as a reservation: `len` does not change, and no other
-    /// thread can take the room this call made. Returns false if nothing
-    /// was evicted (no live bucket found, or the chosen one was updated,
-    /// evicted or frozen by someone else first).
-    pub(crate) fn evict_one_near(
+    /// On [`Evicted::Victim`] the evicted key's place in `len` passes to
+    /// the caller, who holds it as a reservation: `len` does not change,
+    /// and no other thread can take the room this call made.
+    pub(crate) fn evict_one_near<'g, Q>(
         &self,
         hash: u64,
+        key: &Q,
         sample: usize,
         attempt: usize,
-        guard: &Guard,
-    ) -> bool {
+        guard: &'g Guard,
+    ) -> Evicted<'g, K>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Eq,
+    {
         let want = sample.max(2);
         let window = want
             .saturating_mul(4)
@@ -1118,14 +1241,14 @@ impl<K: Hash + Eq> RawMap<K> {
             // The window's lines are independent loads: ask for them all
             // at once, so their misses overlap instead of queueing.
             for offset in (0..t.capacity().min(window)).step_by(slots_per_line::<K>()) {
-                prefetch(std::ptr::from_ref(&t.slots[(start + offset) & t.mask]).cast());
+                prefetch(std::ptr::from_ref(&t.slots[start.wrapping_add(offset) & t.mask]).cast());
             }
             for offset in 0..t.capacity() {
                 // Past the window only until two candidates are in hand.
                 if offset >= window && seen >= 2 {
                     break;
                 }
-                let slot = &t.slots[(start + offset) & t.mask];
+                let slot = &t.slots[start.wrapping_add(offset) & t.mask];
                 let (Seen::Live(state), false) = Seen::of(slot.cell.word()) else {
                     continue;
                 };
@@ -1138,8 +1261,22 @@ impl<K: Hash + Eq> RawMap<K> {
                 }
             }
         }
+        let Some((slot, state)) = best else {
+            return Evicted::Nothing;
+        };
+        // SAFETY: the word was live when read: the key is published, and
+        // `guard` keeps the table alive.
+        if unsafe { slot.key_is(key) } {
+            #[cfg(turnstile_loom)]
+            crate::probe::hit(&crate::probe::EVICTION_SPARED_OWN_KEY);
+            return Evicted::OwnKey(slot);
+        }
         // Lost to an update or another evictor: the caller samples again.
-        best.is_some_and(|(slot, state)| slot.cell.try_claim(|now| now == state))
+        if slot.cell.try_claim(|now| now == state) {
+            Evicted::Victim
+        } else {
+            Evicted::Nothing
+        }
     }
 
     /// Tombstones the live bucket for `key`, whatever its state, and counts
@@ -1210,7 +1347,7 @@ impl<K> Table<K> {
                 // within a few steps: wait for it.
                 (Seen::Busy, _) => {
                     #[cfg(turnstile_loom)]
-                    crate::probe::hit(&crate::probe::WAITED_FOR_BUSY_SLOT);
+                    crate::probe::hit(&crate::probe::COPY_WAITED_FOR_BUSY_SLOT);
                     wait_briefly(&mut waited);
                     continue;
                 }
