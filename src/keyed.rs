@@ -138,6 +138,12 @@ use crate::sync::{AtomicU64, Ordering};
 pub(crate) const TICK: std::time::Duration = std::time::Duration::from_millis(1);
 /// [`TICK`] in the clock's nanoseconds, as the check compares it.
 const TICK_NANOS: u64 = TICK.as_nanos() as u64;
+/// How far beyond a check's reading the tick time may be before the check
+/// takes it for a reading ahead of its own and pulls it back (see `tick`):
+/// two ticks, so that a reading taken a little before another's (a thread
+/// descheduled between its clock read and its check) is not mistaken for
+/// one.
+const AHEAD: u64 = 2 * TICK_NANOS;
 /// Slots one housekeeping step sweeps (or copies): a few microseconds of
 /// work, taken by one caller once per `TICK`.
 pub(crate) const SWEEP_SLOTS: usize = 256;
@@ -338,12 +344,23 @@ where
 
     /// Runs a housekeeping step if one is due at `now`: what every check
     /// does first.
+    ///
+    /// Due when `now` reaches the tick time, or when the tick time is more
+    /// than [`AHEAD`] beyond `now`: each step sets it a tick past its own
+    /// reading, so only a reading ahead of this one (a clock that jumped
+    /// back, another core's skewed counter, one bad read) can have put it
+    /// there. Without the second test, one reading an hour ahead stopped
+    /// housekeeping for an hour (issue 21). With it, such a reading
+    /// postpones housekeeping by at most `AHEAD`, and costs one extra step
+    /// when the other readings pull the tick time back: not a step per
+    /// check, since the step sets the tick time from the reading that
+    /// pulled it back.
     #[inline]
     fn tick(&self, map: &Pinned<'_, K>, now: u64, idle: &impl Fn(u64) -> bool) {
         // Relaxed: the tick time guards no other data; a stale read only
         // delays or repeats a housekeeping step, and the CAS picks one caller.
         let due = self.next_tick.load(Ordering::Relaxed);
-        if now >= due {
+        if now >= due || due - now > AHEAD {
             self.housekeep(map, due, now, idle);
         }
     }
