@@ -9,6 +9,7 @@ use crate::clock::{Clock, DefaultClock};
 use crate::decision::Decision;
 use crate::error::CostError;
 use crate::quota::Quota;
+use crate::resets::Resets;
 
 /// One rate-limited bucket, shared by every caller: lock-free, `Send + Sync`,
 /// used through `&` or `Arc`.
@@ -28,6 +29,9 @@ use crate::quota::Quota;
 /// ```
 pub struct DirectLimiter<C: Clock = DefaultClock, A: Algorithm = Gcra> {
     cell: Cell,
+    /// Which bucket the cell holds, for multi-limit rollbacks: a new one
+    /// after each reset.
+    resets: Resets,
     algorithm: A,
     clock: C,
 }
@@ -51,6 +55,7 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
     pub fn from_algorithm(algorithm: A, clock: C) -> Self {
         DirectLimiter {
             cell: Cell::new(0),
+            resets: Resets::new(),
             algorithm,
             clock,
         }
@@ -130,6 +135,11 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
     /// Fills the bucket again, as if it had never been used. Returns whether
     /// it was in use. One CAS: a check racing it lands before or after.
     ///
+    /// The full bucket is a new one: a multi-limit check that charged the
+    /// old one and is then denied takes nothing out of it. So a reset waits
+    /// for such rollbacks already under way to land first (each is one
+    /// CAS); checks never wait for a reset.
+    ///
     /// ```
     /// use turnstile_rl::DirectLimiter;
     ///
@@ -141,11 +151,17 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
     /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
     pub fn reset(&self) -> bool {
-        // State 0 is a full bucket for every algorithm.
-        matches!(
-            self.cell.modify(|state| (state != 0).then_some(0)),
-            Ok(Some(_))
-        )
+        let in_use = std::cell::Cell::new(false);
+        self.resets.reset(|| {
+            // State 0 is a full bucket for every algorithm. Written even
+            // when it is there already: the write is what a charge racing
+            // the reset orders itself against (see `crate::resets`).
+            let _ = self.cell.modify(|state| {
+                in_use.set(state != 0);
+                Some(0)
+            });
+        });
+        in_use.get()
     }
 
     fn peek_as(&self, cost: u64) -> Decision {
@@ -188,29 +204,43 @@ impl<C: Clock> DirectLimiter<C, Gcra> {
     }
 
     /// A check of cost `n` (already checked) that also reports the
-    /// admission it made, for the multi-limit rollback.
-    pub(crate) fn charge(&self, n: u64) -> (Decision, Option<Charge>) {
+    /// admission it made and the generation of the bucket it made it on,
+    /// for the multi-limit rollback. An admission that a reset overlapped
+    /// is reported as none: it is never rolled back (see `crate::resets`).
+    pub(crate) fn charge(&self, n: u64) -> (Decision, Option<(Charge, u64)>) {
         let now = self.clock.now();
-        match self.cell.charge(&self.algorithm, now, n) {
-            Ok(charged) => charged,
+        let (charged, generation) = self
+            .resets
+            .charge(|| self.cell.charge(&self.algorithm, now, n));
+        match charged {
+            Ok((decision, charge)) => (decision, charge.zip(generation)),
             // A direct limiter has no evictor, so its cell is never claimed.
             Err(_) => unreachable!("a direct limiter's cell is never tombstoned"),
         }
     }
 
     /// Takes the admission `charge` of cost `n` out again (see
-    /// `crate::multi`). Returns whether the state had moved since the
-    /// charge (another admission or rollback landed in between).
-    pub(crate) fn roll_back(&self, charge: &Charge, n: u64) -> bool {
+    /// `crate::multi`) if the cell still holds the bucket of `generation`,
+    /// the one it was charged to: after a reset, nothing. Returns whether
+    /// the state had moved since the charge (another admission or rollback
+    /// landed in between, or a reset).
+    pub(crate) fn roll_back(&self, charge: &Charge, generation: u64, n: u64) -> bool {
         let algorithm = &self.algorithm;
         let clock = &self.clock;
-        let raced = std::cell::Cell::new(false);
-        let _ = self.cell.modify(|tat| {
-            raced.set(tat != charge.after);
-            // Read after the state: every admission in `tat` read the
-            // clock no later than this.
-            algorithm.rolled_back(tat, charge, clock.now(), n)
+        let raced = std::cell::Cell::new(true);
+        let current = self.resets.roll_back(generation, || {
+            let _ = self.cell.modify(|tat| {
+                raced.set(tat != charge.after);
+                // Read after the state: every admission in `tat` read the
+                // clock no later than this.
+                algorithm.rolled_back(tat, charge, clock.now(), n)
+            });
         });
+        #[cfg(turnstile_loom)]
+        if !current {
+            crate::probe::hit(&crate::probe::ROLLBACK_AFTER_RESET);
+        }
+        let _ = current;
         raced.get()
     }
 

@@ -154,6 +154,12 @@ use crate::sync::{AtomicU64, Ordering};
 pub(crate) const TICK: std::time::Duration = std::time::Duration::from_millis(1);
 /// [`TICK`] in the clock's nanoseconds, as the check compares it.
 const TICK_NANOS: u64 = TICK.as_nanos() as u64;
+/// How far beyond a check's reading the tick time may be before the check
+/// takes it for a reading ahead of its own and pulls it back (see `tick`):
+/// two ticks, so that a reading taken a little before another's (a thread
+/// descheduled between its clock read and its check) is not mistaken for
+/// one.
+const AHEAD: u64 = 2 * TICK_NANOS;
 /// Slots one housekeeping step sweeps (or copies): a few microseconds of
 /// work, taken by one caller once per `TICK`.
 pub(crate) const SWEEP_SLOTS: usize = 256;
@@ -177,8 +183,8 @@ impl<K> Drop for Reservation<'_, '_, K> {
 /// How `admit` dealt with a missing key.
 enum Admitted<'p, K> {
     /// Inserted, with this request decided on its fresh bucket (and the
-    /// admission it made there, if it admitted).
-    Inserted(Decision, Option<Charge>),
+    /// admission it made there, if it admitted), in this slot.
+    Inserted(Decision, Option<Charge>, &'p Slot<K>),
     /// Another thread inserted it first: decide on its bucket.
     Found(&'p Slot<K>),
     /// The overflow policy keeps it out; decide at this reading.
@@ -359,12 +365,23 @@ where
 
     /// Runs a housekeeping step if one is due at `now`: what every check
     /// does first.
+    ///
+    /// Due when `now` reaches the tick time, or when the tick time is more
+    /// than [`AHEAD`] beyond `now`: each step sets it a tick past its own
+    /// reading, so only a reading ahead of this one (a clock that jumped
+    /// back, another core's skewed counter, one bad read) can have put it
+    /// there. Without the second test, one reading an hour ahead stopped
+    /// housekeeping for an hour. With it, such a reading
+    /// postpones housekeeping by at most `AHEAD`, and costs one extra step
+    /// when the other readings pull the tick time back: not a step per
+    /// check, since the step sets the tick time from the reading that
+    /// pulled it back.
     #[inline]
     fn tick(&self, map: &Pinned<'_, K>, now: u64, idle: &impl Fn(u64) -> bool) {
         // Relaxed: the tick time guards no other data; a stale read only
         // delays or repeats a housekeeping step, and the CAS picks one caller.
         let due = self.next_tick.load(Ordering::Relaxed);
-        if now >= due {
+        if now >= due || due - now > AHEAD {
             self.housekeep(map, due, now, idle);
         }
     }
@@ -395,7 +412,7 @@ where
             let slot = match map.find(hash, key) {
                 Some(slot) => slot,
                 None => match self.admit(map, hash, key, now, cost, algorithm, idle) {
-                    Admitted::Inserted(decision, _) => return decision,
+                    Admitted::Inserted(decision, ..) => return decision,
                     Admitted::Found(slot) => slot,
                     Admitted::Refused(now) => return self.overflow_decision(algorithm, now, cost),
                 },
@@ -492,7 +509,7 @@ where
                 let (slot, inserted) = map.insert(hash, key, || key.to_owned(), fresh_state, idle);
                 if let (true, Some((decision, charge))) = (inserted, decided) {
                     std::mem::forget(reservation);
-                    return Admitted::Inserted(decision, charge);
+                    return Admitted::Inserted(decision, charge, slot);
                 }
                 return Admitted::Found(slot);
             }

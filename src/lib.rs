@@ -99,6 +99,7 @@ mod quota;
 mod quotas;
 #[cfg(feature = "redis")]
 pub mod redis;
+mod resets;
 mod sliding_log;
 mod stats;
 mod sync;

@@ -9,7 +9,8 @@
 //! denies, the charges already made on limits `0..i` are rolled back and
 //! the request is denied; when all admit, the request is admitted.
 //!
-//! The rollback of one charge is one CAS loop on that limit's cell: with
+//! The rollback of one charge is one CAS loop on the bucket the charge
+//! landed on, if that bucket still exists (see "Which bucket" below): with
 //! `c` the state it finds and `t_r` a clock reading taken after loading
 //! `c`,
 //!
@@ -22,8 +23,8 @@
 //!
 //! **Claim.** The requests a limit admits for good (charged and never
 //! rolled back) are a sequence that the limit alone would admit, fed those
-//! requests in the order their charges landed, at their own readings: no
-//! interleaving admits more than any single limit allows.
+//! requests and its resets in the order they landed, at their own
+//! readings: no interleaving admits more than any single limit allows.
 //!
 //! **Assumption.** The clock is monotonic across threads: a reading taken
 //! after another (in real time) is not smaller. A thread that reads the
@@ -41,12 +42,16 @@
 //! of their `m*T` and `G = max_j(u_j + S_j)`, `S_j` the costs from map `j`
 //! on.
 //!
-//! Call *ideal* the state of a cell that saw only the charges still in it
-//! (made and not rolled back yet), each at its reading, in the order they
-//! landed. The invariant: the real state is at least the ideal one
-//! (compared as buckets at the present instant, where every state at or
-//! before now is the same full bucket).
+//! Call *ideal* the state of a bucket that saw only the charges still in
+//! it (made on it and not rolled back yet), each at its reading, in the
+//! order they landed. The invariant, for each bucket: the real state is at
+//! least the ideal one (compared as buckets at the present instant, where
+//! every state at or before now is the same full bucket).
 //!
+//! - A bucket starts full, real and ideal alike. A reset (or a removal of
+//!   any kind) ends a bucket; the limit's next bucket is a new one, and no
+//!   rollback of a charge made on an earlier bucket ever reaches it (see
+//!   "Which bucket").
 //! - An admission applies the same monotone map to both: kept.
 //! - A rollback of a charge `X` (cost `n`, reading `t`) finds `c`. Let
 //!   `J_p` be the ideal state just before `X`'s place, and `h` the
@@ -64,6 +69,9 @@
 //!   (If instead `c < J`, the invariant says both are at or before `t_r`,
 //!   and so is `J' <= J`: any state written is at least that full
 //!   bucket.)
+//! - A rollback that does nothing on a bucket that still exists (see
+//!   "Which bucket" for when) leaves its charge in both: the request counts
+//!   as admitted for good by this limit, which only makes it stricter.
 //!
 //! At the end the real state is at least the ideal state of the charges
 //! admitted for good. Each of them was admitted against a real state at
@@ -95,8 +103,40 @@
 //!
 //! The stress tests (a frozen clock with exact counts, and a moving clock
 //! that checks every limit's bound and that rollbacks raced), the model
-//! test of the rule in this file, and the loom model in `loom-tests/`
+//! test of the rule in this file, and the loom models in `loom-tests/`
 //! check this.
+//!
+//! # Which bucket
+//!
+//! A rollback takes its charge out of the bucket the charge landed on, and
+//! once that bucket is gone it does nothing. The rule above knows only the
+//! state it finds: applied to a bucket that never held the charge, it
+//! hands out tokens that were never taken. So with a check held between
+//! its charge of limit 0 (burst 2) and its denial by limit 1 while another
+//! thread resets the key and is admitted once, applying the rollback to
+//! whatever held the key gave limit 0 three admissions since the reset
+//! (the unit tests below replay it).
+//!
+//! - **Keyed.** A bucket is the slot its charge landed on. The check keeps
+//!   each limit's map pinned until it ends, so that slot is neither freed
+//!   nor reused meanwhile, and a slot that has died never lives again: a
+//!   rollback's CAS on it lands only while it holds the same bucket. A dead
+//!   slot (reset, cleared, evicted idle or to make room) means the bucket
+//!   is gone, and the rollback does nothing. A frozen slot means that a
+//!   migration is moving the bucket to a successor table; the rollback
+//!   does nothing there either, because the map cannot tell the copy from
+//!   a new bucket of the same key (the copy reset, the key inserted
+//!   again), and lowering the wrong one admits too much. That costs the
+//!   denied check `n` tokens of that one limit, given back at the limit's
+//!   rate, and only when a migration freezes that very bucket within one
+//!   check (each bucket is frozen once per migration): never an admission
+//!   too many.
+//! - **Direct.** The one cell holds a new bucket after each reset. A word
+//!   beside it counts resets and the rollbacks in flight
+//!   (`crate::resets`): a rollback acts only if no reset has begun since
+//!   its charge, and a reset waits for the rollbacks already under way to
+//!   land before it writes. A charge that a reset overlaps is never rolled
+//!   back, at the same cost as above, and only while a reset runs.
 //!
 //! # The binding limit
 //!
@@ -106,14 +146,15 @@
 //! with the fewest tokens `remaining`.
 
 use std::borrow::Borrow;
+use std::cell::OnceCell;
 use std::hash::Hash;
 
-use crate::cell::Charge;
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::Decision;
 use crate::direct::DirectLimiter;
 use crate::error::CostError;
 use crate::keyed::KeyedLimiter;
+use crate::map::Pinned;
 use crate::quotas::{Quotas, MAX_LIMITS};
 
 /// The answer to a check against several limits: the [`Decision`] of the
@@ -170,13 +211,14 @@ impl From<Decision> for MultiDecision {
     }
 }
 
-/// Charge-then-roll-back over `count` limits, see the module docs.
-/// `roll_back` returns whether the limit's state had moved since the
-/// charge (counted for the tests, which assert that the race happened).
-fn check_all(
+/// Charge-then-roll-back over `count` limits, see the module docs. A
+/// charge `R` is what its rollback needs: the admission and the bucket it
+/// landed on. `roll_back` returns whether the limit's state had moved since
+/// the charge (counted for the tests, which assert that the race happened).
+fn check_all<R: Copy>(
     count: usize,
-    charge: impl Fn(usize) -> (Decision, Option<Charge>),
-    roll_back: impl Fn(usize, &Charge) -> bool,
+    charge: impl Fn(usize) -> (Decision, Option<R>),
+    roll_back: impl Fn(usize, &R) -> bool,
     peek: impl Fn(usize) -> Decision,
 ) -> MultiDecision {
     let mut charges = [None; MAX_LIMITS];
@@ -196,6 +238,8 @@ fn check_all(
         if let Some(slot) = charges.get_mut(i) {
             *slot = charged;
         }
+        #[cfg(test)]
+        tests::between_charges();
         if tightest.is_none_or(|t| decision.remaining() < t.decision.remaining()) {
             tightest = Some(MultiDecision {
                 decision,
@@ -422,7 +466,7 @@ impl<C: Clock> MultiLimiter<C> {
             // The cost was checked against the smallest burst: every limit
             // can take it.
             |i| self.limits[i].charge(n),
-            |i, charge| self.limits[i].roll_back(charge, n),
+            |i, &(charge, generation)| self.limits[i].roll_back(&charge, generation, n),
             |i| self.peek_one(i, n),
         )
     }
@@ -634,12 +678,19 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        // Each limit's map stays pinned from its charge to the end, so the
+        // cell a charge landed on is still that bucket's, or dead, when its
+        // rollback comes (see "Which bucket" in the module docs).
+        let pins: [OnceCell<Pinned<'_, K>>; MAX_LIMITS] = std::array::from_fn(|_| OnceCell::new());
         check_all(
             self.limits.len(),
             // The cost was checked against the smallest burst: every limit
             // can take it.
-            |i| self.limits[i].charge(key, n),
-            |i, charge| self.limits[i].roll_back(key, charge, n),
+            |i| {
+                let map = pins[i].get_or_init(|| self.limits[i].pin());
+                self.limits[i].charge(map, key, n)
+            },
+            |i, &(charge, cell)| self.limits[i].roll_back(cell, &charge, n),
             |i| self.peek_one(i, key, n),
         )
     }
@@ -657,15 +708,86 @@ where
 
 #[cfg(test)]
 mod tests {
+    use std::cell::RefCell;
     use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
     use std::time::Duration;
 
     use proptest::prelude::*;
 
     use super::*;
     use crate::algorithms::Gcra;
+    use crate::cell::Charge;
     use crate::clock::ManualClock;
     use crate::quota::Quota;
+
+    thread_local! {
+        /// What another thread does in the window a check on this thread
+        /// holds open between two of its charges: run once, by the next
+        /// check to charge a limit here.
+        static BETWEEN_CHARGES: RefCell<Option<Box<dyn FnOnce()>>> = RefCell::new(None);
+    }
+
+    /// The seam `check_all` calls after each charge (tests only). Taken
+    /// before it runs, so the checks it makes do not run it again.
+    pub(super) fn between_charges() {
+        if let Some(steps) = BETWEEN_CHARGES.with(|b| b.borrow_mut().take()) {
+            steps();
+        }
+    }
+
+    /// Runs `steps` right after the next check on this thread charges its
+    /// first limit, before it charges the second.
+    fn after_first_charge(steps: impl FnOnce() + 'static) {
+        BETWEEN_CHARGES.with(|b| *b.borrow_mut() = Some(Box::new(steps)));
+    }
+
+    /// Limit 0 burst 2, limit 1 burst 1, both a token an hour.
+    const HELD_ACROSS_RESET: &str = "1/h burst 2; 1/h burst 1";
+
+    /// Issue 21, item 4: a check is held between its charge of limit 0 and
+    /// its charge of limit 1 while another resets the key and is admitted
+    /// once; the held check is then denied by limit 1 and rolls back. Its
+    /// charge went with the bucket the reset forgot: the rollback must take
+    /// nothing from the new bucket, which holds only the other's charge. So
+    /// limit 0 (burst 2) has exactly one token left.
+    #[test]
+    fn a_keyed_rollback_held_across_a_reset_takes_nothing_from_the_new_bucket() {
+        let keyed = Arc::new(KeyedMultiLimiter::<u64, _>::with_clock(
+            HELD_ACROSS_RESET.parse().unwrap(),
+            ManualClock::new(),
+        ));
+        let other = keyed.clone();
+        after_first_charge(move || {
+            assert!(other.reset(&7));
+            assert!(other.check(&7).is_allowed());
+        });
+        assert_eq!(keyed.check(&7).binding(), 1, "denied by limit 1");
+        let left = (0..3)
+            .filter(|_| keyed.limits()[0].check(&7).is_allowed())
+            .count();
+        assert_eq!(left, 1, "keyed: limit 0 admits one more since the reset");
+    }
+
+    /// The same for a direct limiter, whose one cell outlives a reset: the
+    /// bucket a charge went to ends at the next reset of that cell.
+    #[test]
+    fn a_direct_rollback_held_across_a_reset_takes_nothing_from_the_new_bucket() {
+        let direct = Arc::new(MultiLimiter::with_clock(
+            HELD_ACROSS_RESET.parse().unwrap(),
+            ManualClock::new(),
+        ));
+        let other = direct.clone();
+        after_first_charge(move || {
+            assert!(other.reset());
+            assert!(other.check().is_allowed());
+        });
+        assert_eq!(direct.check().binding(), 1, "denied by limit 1");
+        let left = (0..3)
+            .filter(|_| direct.limits()[0].check().is_allowed())
+            .count();
+        assert_eq!(left, 1, "direct: limit 0 admits one more since the reset");
+    }
 
     /// The interval of the model limit, in nanoseconds.
     const T: u64 = 1_000;

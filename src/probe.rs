@@ -122,6 +122,21 @@ pub static CHUNKS_COPIED_BY_TWO_THREADS: Probe = Probe::new();
 /// A multi-limit rollback found the limit's state moved since its charge
 /// (another check charged or rolled back in between).
 pub static MULTI_ROLLBACK_RACED: Probe = Probe::new();
+/// A keyed multi-limit rollback found the cell its charge landed on dead:
+/// the bucket was reset or evicted since, so it took nothing out.
+pub static ROLLBACK_FOUND_BUCKET_DEAD: Probe = Probe::new();
+/// A keyed multi-limit rollback found the cell its charge landed on frozen
+/// by a migration, and left the charge in the bucket.
+pub static ROLLBACK_FOUND_BUCKET_MOVED: Probe = Probe::new();
+/// A direct multi-limit charge overlapped a reset, so it will not be
+/// rolled back (it cannot tell which bucket it landed on).
+pub static CHARGE_OVERLAPPED_RESET: Probe = Probe::new();
+/// A direct multi-limit rollback found its limiter reset (or being reset)
+/// since its charge, so it took nothing out.
+pub static ROLLBACK_AFTER_RESET: Probe = Probe::new();
+/// A direct limiter's reset waited for a rollback in flight to land on the
+/// bucket it was about to forget.
+pub static RESET_WAITED_FOR_ROLLBACK: Probe = Probe::new();
 /// A new key looked for room while another new key was doing the same.
 pub static CONCURRENT_ADMITS: Probe = Probe::new();
 /// Admissions in flight (for [`CONCURRENT_ADMITS`]).

@@ -6,10 +6,10 @@
 //! does not also flip every other crate in the build that knows `cfg(loom)`.
 
 #[cfg(not(turnstile_loom))]
-pub(crate) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(turnstile_loom)]
-pub(crate) use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
 
 /// Lets another thread run while this one waits for it (loom must see it).
 #[cfg(not(turnstile_loom))]

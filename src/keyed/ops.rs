@@ -8,15 +8,14 @@ use std::borrow::Borrow;
 use std::hash::Hash;
 
 use super::{Admitted, KeyedLimiter};
-use crate::algorithms::Algorithm;
-use crate::algorithms::Gcra;
-use crate::cell::{Charge, Gone};
+use crate::algorithms::{Algorithm, Gcra};
+use crate::cell::{Cell, Charge, Gone};
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::CostError;
+use crate::map::Pinned;
 use crate::quota::Quota;
 use crate::stats::{Event, Stats};
-use crate::sync::Ordering;
 
 impl<K, C, A> KeyedLimiter<K, C, A>
 where
@@ -350,11 +349,24 @@ where
     K: Hash + Eq + Send + Sync + 'static,
     C: Clock,
 {
+    /// This limiter's map, pinned: a multi-limit check holds it from its
+    /// first charge to its last rollback, so the slots its charges landed
+    /// on are not freed (nor reused for other buckets) in between.
+    pub(crate) fn pin(&self) -> Pinned<'_, K> {
+        self.map.pin()
+    }
+
     /// A check of cost `n` (already checked) for `key` that also reports
-    /// the admission it made, for the multi-limit rollback: `decide` with
-    /// `Cell::charge` in place of `Cell::update`, kept apart so the
-    /// single-limit path is not touched.
-    pub(crate) fn charge<Q>(&self, key: &Q, n: u64) -> (Decision, Option<Charge>)
+    /// the admission it made and the cell it made it on, for the
+    /// multi-limit rollback: `decide` with `Cell::charge` in place of
+    /// `Cell::update`, kept apart so the single-limit path is not touched.
+    ///
+    pub(crate) fn charge<'p, Q>(
+        &self,
+        map: &'p Pinned<'_, K>,
+        key: &Q,
+        n: u64,
+    ) -> (Decision, Option<(Charge, &'p Cell)>)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -362,21 +374,18 @@ where
         let algorithm = &self.algorithm;
         let first = self.clock.now();
         let hash = self.map.hash(key);
-        let map = self.map.pin();
         let idle = |state| algorithm.is_idle(state, first);
-        // Relaxed, as in `decide`.
-        let due = self.next_tick.load(Ordering::Relaxed);
-        if first >= due {
-            self.housekeep(&map, due, first, &idle);
-        }
+        self.tick(map, first, &idle);
         // An insert may read the clock again (see `admit`); later steps
         // decide at that reading.
         let mut now = first;
         loop {
             let slot = match map.find(hash, key) {
                 Some(slot) => slot,
-                None => match self.admit(&map, hash, key, &mut now, n, algorithm, &idle) {
-                    Admitted::Inserted(decision, charge) => return (decision, charge),
+                None => match self.admit(map, hash, key, &mut now, n, algorithm, &idle) {
+                    Admitted::Inserted(decision, charge, slot) => {
+                        return (decision, charge.map(|c| (c, &slot.cell)))
+                    }
                     Admitted::Found(slot) => slot,
                     // Untracked or refused: nothing was charged.
                     Admitted::Refused(now) => {
@@ -385,45 +394,40 @@ where
                 },
             };
             match slot.cell.charge(algorithm, now, n) {
-                Ok(charged) => return charged,
+                Ok((decision, charge)) => return (decision, charge.map(|c| (c, &slot.cell))),
                 // Evicted or moved under our feet: look again.
                 Err(Gone::Dead | Gone::Moved) => continue,
             }
         }
     }
 
-    /// Takes the admission `charge` of cost `n` on `key` out again (see
-    /// `crate::multi`). Returns whether the state had moved since the
-    /// charge (another admission or rollback landed in between).
+    /// Takes the admission `charge` of cost `n` out of `cell`, the cell it
+    /// landed on (see `crate::multi`), if that cell still holds the bucket.
+    /// Returns whether the state had moved since the charge (another
+    /// admission or rollback landed in between, or the bucket is gone).
     ///
-    /// A key no longer tracked was evicted idle (its bucket refilled past
-    /// the charge, which has expired by itself) or reset (forgotten on
-    /// purpose): there is nothing to take out.
-    pub(crate) fn roll_back<Q>(&self, key: &Q, charge: &Charge, n: u64) -> bool
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        let hash = self.map.hash(key);
-        let map = self.map.pin();
+    /// A dead cell's bucket was reset or evicted (as idle, when the charge
+    /// had expired by itself, or to make room), and a new bucket for the
+    /// key never held this charge: nothing to take out. A frozen cell's
+    /// bucket is moving to a successor table; the charge is left in it
+    /// rather than taken out of whatever bucket holds the key there, which
+    /// may be a new one (see "Which bucket" in `crate::multi`).
+    pub(crate) fn roll_back(&self, cell: &Cell, charge: &Charge, n: u64) -> bool {
         let (algorithm, clock) = (&self.algorithm, &self.clock);
-        let raced = std::cell::Cell::new(false);
-        loop {
-            let Some(slot) = map.find(hash, key) else {
-                return true;
-            };
-            let rolled = slot.cell.modify(|tat| {
-                raced.set(tat != charge.after);
-                // Read after the state: every admission in `tat` read the
-                // clock no later than this.
-                algorithm.rolled_back(tat, charge, clock.now(), n)
-            });
-            match rolled {
-                // Dead since `find`: as absent.
-                Ok(_) | Err(Gone::Dead) => return raced.get(),
-                // Moved to a successor table since `find`: look again.
-                Err(Gone::Moved) => {}
-            }
+        let raced = std::cell::Cell::new(true);
+        let rolled = cell.modify(|tat| {
+            raced.set(tat != charge.after);
+            // Read after the state: every admission in `tat` read the
+            // clock no later than this.
+            algorithm.rolled_back(tat, charge, clock.now(), n)
+        });
+        #[cfg(turnstile_loom)]
+        match rolled {
+            Err(Gone::Dead) => crate::probe::hit(&crate::probe::ROLLBACK_FOUND_BUCKET_DEAD),
+            Err(Gone::Moved) => crate::probe::hit(&crate::probe::ROLLBACK_FOUND_BUCKET_MOVED),
+            Ok(_) => {}
         }
+        let _ = rolled;
+        raced.get()
     }
 }

@@ -1,0 +1,148 @@
+//! loom models of a multi-limit rollback racing a reset (issue 21, item
+//! 4): a rollback takes its charge out of the bucket the charge landed on,
+//! and out of nothing once a reset has forgotten that bucket, never out of
+//! the new bucket that holds the key after it.
+//!
+//! Each model asserts, after loom has explored it, that its race was
+//! reached (the crate's `probe` counters). Run with `scripts/loom.sh`;
+//! without both cfgs this file compiles to nothing.
+#![cfg(all(turnstile_loom, crossbeam_loom))]
+
+use std::sync::Arc;
+
+use loom::thread;
+use turnstile_rl::probe::{self, Probe};
+use turnstile_rl::{Decision, KeyedMultiLimiter, ManualClock, MultiLimiter, Quotas};
+
+/// Runs `body` under loom on a thread with room for crossbeam-epoch's
+/// frames (as in `loom.rs`).
+fn model(body: impl Fn() + Sync + Send + 'static) -> usize {
+    let since = probe::sequence();
+    let body = Arc::new(body);
+    let mut builder = loom::model::Builder::new();
+    builder.max_branches = 100_000;
+    builder.check(move || {
+        let body = body.clone();
+        thread::Builder::new()
+            .stack_size(STACK)
+            .spawn(move || body())
+            .unwrap()
+            .join()
+            .unwrap();
+    });
+    since
+}
+
+const STACK: usize = 8 << 20;
+
+fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> thread::JoinHandle<T> {
+    thread::Builder::new().stack_size(STACK).spawn(f).unwrap()
+}
+
+/// Asserts that `probe` was hit by this model's executions (after `since`).
+fn reached(since: usize, probe: &Probe, race: &str) {
+    assert!(
+        probe.last() > since,
+        "no execution reached {race}: the model passed without its race"
+    );
+}
+
+/// Limit 0: burst 2, 2 h a token; limit 1: burst 1, 1 h a token. Limit 1
+/// is spent first, so every multi-limit check is denied by it and rolls
+/// its charge of limit 0 back.
+const QUOTAS: &str = "1/2h burst 2; 1/h burst 1";
+
+/// What limit 0 must hold at the end of every interleaving: the other
+/// thread's one admission since its reset, and nothing of the denied
+/// check's (rolled back, or forgotten with the old bucket): one token left.
+/// Unless `kept` (the denied check's rollback did nothing on a bucket that
+/// may still hold its charge, at the cost `crate::multi` documents): then
+/// that charge may be there too, but never anything less.
+fn holds_one_admission(first: Decision, kept: bool) {
+    assert!(
+        first.is_denied() || first.remaining() == 0,
+        "the rollback took a charge out of a bucket that never held it"
+    );
+    assert!(
+        kept || first.is_allowed(),
+        "the denied check's charge leaked"
+    );
+}
+
+/// Whether `probe` was hit in this execution (which began at `start`, a
+/// `probe::sequence()`).
+fn hit_since(start: usize, probe: &Probe) -> bool {
+    probe.last() > start
+}
+
+/// A keyed multi-limit check, denied, rolls back while another thread
+/// resets its key in limit 0 and is admitted there once. The races: the
+/// rollback finds the cell its charge landed on dead (the reset claimed
+/// it) while a new bucket holds the key; and it finds that cell frozen by
+/// a migration (loom's tables are small: reinserting the key grows one).
+#[test]
+fn keyed_rollback_races_a_reset() {
+    let since = model(|| {
+        let start = probe::sequence();
+        let limiter = Arc::new(KeyedMultiLimiter::<u64, _>::with_clock(
+            QUOTAS.parse::<Quotas>().unwrap(),
+            ManualClock::new(),
+        ));
+        assert!(limiter.limits()[1].check(&7).is_allowed());
+        let other = limiter.clone();
+        let held = spawn(move || other.check(&7));
+        let _ = limiter.limits()[0].reset(&7);
+        assert!(limiter.limits()[0].check(&7).is_allowed());
+        assert!(held.join().unwrap().is_denied());
+        let kept = hit_since(start, &probe::ROLLBACK_FOUND_BUCKET_MOVED);
+        holds_one_admission(limiter.limits()[0].peek(&7), kept);
+    });
+    reached(
+        since,
+        &probe::ROLLBACK_FOUND_BUCKET_DEAD,
+        "a rollback finding its bucket reset",
+    );
+    reached(
+        since,
+        &probe::ROLLBACK_FOUND_BUCKET_MOVED,
+        "a rollback finding its bucket frozen by a migration",
+    );
+}
+
+/// The same on a direct multi-limiter, whose one cell holds a new bucket
+/// after a reset. The races: a rollback finding the limiter reset since
+/// its charge, a reset waiting for a rollback already under way, and a
+/// charge overlapping a reset.
+#[test]
+fn direct_rollback_races_a_reset() {
+    let since = model(|| {
+        let start = probe::sequence();
+        let limiter = Arc::new(MultiLimiter::with_clock(
+            QUOTAS.parse::<Quotas>().unwrap(),
+            ManualClock::new(),
+        ));
+        assert!(limiter.limits()[1].check().is_allowed());
+        let other = limiter.clone();
+        let held = spawn(move || other.check());
+        let _ = limiter.limits()[0].reset();
+        assert!(limiter.limits()[0].check().is_allowed());
+        assert!(held.join().unwrap().is_denied());
+        let kept = hit_since(start, &probe::CHARGE_OVERLAPPED_RESET);
+        holds_one_admission(limiter.limits()[0].peek(), kept);
+    });
+    reached(
+        since,
+        &probe::ROLLBACK_AFTER_RESET,
+        "a rollback finding its limiter reset",
+    );
+    reached(
+        since,
+        &probe::RESET_WAITED_FOR_ROLLBACK,
+        "a reset waiting for a rollback under way",
+    );
+    reached(
+        since,
+        &probe::CHARGE_OVERLAPPED_RESET,
+        "a charge overlapping a reset",
+    );
+}
