@@ -8,4 +8,4 @@ export RUSTFLAGS="--cfg turnstile_loom --cfg crossbeam_loom ${RUSTFLAGS:-}"
 export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
 # Its own target dir: the RUSTFLAGS change would otherwise rebuild everything.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom"
-exec cargo test --release -p turnstile-loom-tests --test loom --test rollback -- --test-threads=1 "$@"
+exec cargo test --release -p turnstile-loom-tests --tests -- --test-threads=1 "$@"

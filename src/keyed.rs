@@ -44,11 +44,11 @@
 //! the epoch collector by the migration chunk that retires it, not at the
 //! next housekeeping tick, so it is freed within a bounded number of checks
 //! even on a clock that never moves. Dropping a limiter frees everything it
-//! holds: at once if
-//! only the dropping thread used it; otherwise once each other thread that
-//! used it has made one check on any turnstile limiter, or has exited
-//! (each thread caches its registration with the limiter's collector, and
-//! lets go of a dropped limiter's at its next check).
+//! holds: at once if no other thread is inside an operation on any
+//! turnstile limiter at that moment; otherwise within a few hundred
+//! operations of any thread on any limiter (every limiter retires to one
+//! epoch collector, and a thread that is not inside an operation, however
+//! long it sleeps, holds nothing back).
 //!
 //! # Progress
 //!

@@ -7,6 +7,10 @@
 //!
 //! The window is made deterministic by a key whose `Drop` (run while the
 //! map frees its nodes) asks the other thread to make one check.
+//!
+//! Since issue 22 there is no handle cache (every map shares one collector,
+//! `src/map/pin.rs`); the scenarios stay, as tests that a dropped limiter's
+//! memory is not kept by a live thread.
 
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};

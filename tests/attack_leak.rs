@@ -5,6 +5,10 @@
 //! cannot be removed then, and a nested pin from the key's `Drop` used to
 //! record the drop as handled anyway. Now a pin records it only once it
 //! could clean the cache, so a later pin lets go of B's handle.
+//!
+//! Since issue 22 there is no handle cache (every map shares one collector,
+//! `src/map/pin.rs`); the scenario stays, as a test that a limiter dropped
+//! inside collection is freed.
 
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -7,6 +7,7 @@
 //! cargo bench --bench turnstile                       # everything
 //! cargo bench --bench turnstile -- direct             # the direct groups
 //! cargo bench --bench turnstile -- keyed              # the keyed groups
+//! cargo bench --bench turnstile -- limiters           # 1, 9, 16 limiters in turn
 //! cargo bench --bench turnstile -- ops                # peek, refund, multi-limit
 //! cargo bench --bench turnstile -- batch              # check_batch vs per-key loops
 //! cargo bench --bench turnstile -- --warm-up-time 1 --measurement-time 3
@@ -21,6 +22,7 @@ use criterion::{criterion_group, criterion_main};
 mod batch;
 mod direct;
 mod keyed;
+mod limiters;
 mod mode;
 mod ops;
 
@@ -28,6 +30,7 @@ criterion_group!(
     benches,
     direct::bench,
     keyed::bench,
+    limiters::bench,
     ops::bench,
     batch::bench
 );

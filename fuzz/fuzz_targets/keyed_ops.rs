@@ -61,13 +61,14 @@ struct Input {
 }
 
 fuzz_target!(|input: Input| {
-    // On a thread of its own: each thread caches the epoch handles of the
-    // last few limiters it used (`src/map/pin.rs`), and only the thread's
-    // end drops them. `join` waits for the thread's whole exit, its
-    // thread-local destructors included (the scope's implicit wait does
-    // not), so every input ends with all its memory freed: libFuzzer's
-    // leak check then holds for each input, and the exit-time check never
-    // races a thread still tearing down.
+    // On a thread of its own: each thread registers one epoch handle
+    // (`src/map/pin.rs`), and only the thread's end drops it. `join` waits
+    // for the thread's whole exit, its thread-local destructors included
+    // (the scope's implicit wait does not), so every input ends with its
+    // memory freed or still reachable from the crate's collector (a
+    // retired table waiting for the epoch): libFuzzer's leak check then
+    // holds for each input, and the exit-time check never races a thread
+    // still tearing down.
     std::thread::scope(|s| {
         if let Err(panic) = s.spawn(|| run(&input)).join() {
             std::panic::resume_unwind(panic);

@@ -1,7 +1,8 @@
 //! The keyed map: a safe front over the lock-free core in [`raw`].
 //!
-//! The core's methods are sound only with a guard pinned on the map's own
-//! collector; the front makes that the only way to call them: [`Map::pin`]
+//! The core's methods are sound only with a guard pinned on the epoch
+//! collector the map retires its tables to (the crate's one collector, see
+//! [`pin`]); the front makes that the only way to call them: [`Map::pin`]
 //! returns a [`Pinned`] view that carries both.
 
 mod inflight;
@@ -12,39 +13,30 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::hash::Hash;
 
-use crossbeam_epoch::{Collector, Guard};
+use crossbeam_epoch::Guard;
 
 use raw::RawMap;
 pub(crate) use raw::{Evicted, Idle, Slot};
 
 /// A lock-free map from keys to cells (see [`raw`] for the layout).
+///
+/// Its retired tables, with the keys they still own, go to the crate's
+/// collector and may be dropped after the map, on any thread: every
+/// constructor asks for `K: Send + 'static`.
 pub(crate) struct Map<K> {
     raw: RawMap<K>,
-    /// Threads' cached handles on `collector` watch this to know when to
-    /// let go of them (see `pin`).
-    alive: pin::Alive,
-    // Declared last: dropped after `raw`, whose drop frees what is left
-    // without needing the epoch.
-    collector: Collector,
 }
 
-impl<K> Map<K> {
+// Only the constructors ask for `K: Send + 'static` (see `Map`): a map
+// that exists was built with it.
+impl<K: Send + 'static> Map<K> {
     pub(crate) fn new() -> Self {
         Map::with_hasher(new_hasher())
     }
 
     fn with_hasher(hasher: ahash::RandomState) -> Self {
-        let collector = Collector::new();
-        // crossbeam-epoch's own teardown of a collector is reported by Miri
-        // (crossbeam issue #545: `List::drop` frees a `Local` while its
-        // `finalize(&self)` runs). Under Miri only, keep the collector's
-        // bookkeeping alive so our own code is what gets checked.
-        #[cfg(miri)]
-        std::mem::forget(collector.clone());
         Map {
             raw: RawMap::new(hasher),
-            alive: pin::Alive::new(),
-            collector,
         }
     }
 
@@ -59,18 +51,20 @@ impl<K> Map<K> {
             1,
         ))
     }
+}
 
+impl<K> Map<K> {
     /// Live keys.
     pub(crate) fn len(&self) -> usize {
         self.raw.len()
     }
 
-    /// Pins this map's collector on the current thread.
+    /// Pins the epoch on the current thread, for this map.
     #[inline]
     pub(crate) fn pin(&self) -> Pinned<'_, K> {
         Pinned {
             raw: &self.raw,
-            guard: pin::pin(&self.collector, &self.alive),
+            guard: pin::pin(),
         }
     }
 
@@ -82,13 +76,18 @@ impl<K> Map<K> {
 
 impl<K> Drop for Map<K> {
     fn drop(&mut self) {
-        // Mark the map dead first, then let go of this thread's handle and
-        // tell other threads to let go of theirs at their next pin: the
-        // collector, and the garbage it still holds for this map, is freed
-        // with the last handle. In that order, a thread that sees the news
-        // also sees the map dead (freeing `raw` below can take a while).
-        drop(std::mem::replace(&mut self.alive, pin::Alive::new()));
-        pin::forget(&self.collector);
+        // `raw` frees its current table by itself; what it retired before
+        // waits in the collector for the epoch to pass. Free it now if no
+        // thread is in an operation (each pin and flush advances the epoch
+        // by one, and garbage is freed two epochs after it was sealed);
+        // otherwise the next pins of any map free it. Not under loom: it
+        // is promptness, not safety, and its atomics multiplied the models'
+        // executions by up to ten (loom frees each execution's garbage
+        // with its collector).
+        #[cfg(not(turnstile_loom))]
+        for _ in 0..3 {
+            pin::pin().flush();
+        }
     }
 }
 

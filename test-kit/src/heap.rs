@@ -20,6 +20,8 @@ static PEAK: AtomicUsize = AtomicUsize::new(0);
 
 fn grew(bytes: usize) {
     pause_if_armed(bytes);
+    // `try_with`: allocations during thread teardown must not panic.
+    let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
     let live = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
     PEAK.fetch_max(live, Ordering::Relaxed);
 }
@@ -99,6 +101,17 @@ pub fn is_paused() -> bool {
 /// Lets the waiting thread go on.
 pub fn release() {
     RELEASED.fetch_add(1, Ordering::SeqCst);
+}
+
+std::thread_local! {
+    /// Allocations (and reallocations) this thread made: per thread, so
+    /// other tests' threads running meanwhile do not count.
+    static ALLOCATIONS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many allocations and reallocations the calling thread has made.
+pub fn allocations() -> u64 {
+    ALLOCATIONS.with(std::cell::Cell::get)
 }
 
 /// Heap bytes held now.
