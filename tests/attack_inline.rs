@@ -88,12 +88,15 @@ impl Counts {
 
 /// Waits (up to 2 s) for keys still held by the epoch garbage of threads
 /// that are exiting (their thread-local handles are let go after `scope`
-/// returns) to be dropped. A double drop shows at once as dropped > made.
+/// returns, and hand their garbage to the collector then) to be dropped.
+/// Garbage is freed by later pins of any map: each round drops a map, whose
+/// drop pins and flushes. A double drop shows at once as dropped > made.
 fn settle(counts: &Counts) {
     for _ in 0..200 {
         if counts.dropped() >= counts.made() {
             return;
         }
+        drop(KeyedLimiter::<u64>::new(hot_quota()));
         thread::sleep(Duration::from_millis(10));
     }
 }

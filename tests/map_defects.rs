@@ -85,10 +85,13 @@ fn a_shrinking_migration_raced_by_inserts_does_not_hang() {
         },
     );
     heap::release();
-    let evicted = within(Duration::from_secs(20), "evict_idle", move || {
+    within(Duration::from_secs(20), "evict_idle", move || {
         evictor.join().unwrap()
     });
-    assert!(evicted >= 1_000, "evicted {evicted}");
+    // The idle keys are gone (evicted by `evict_idle`, or by the inserts'
+    // migration chunks, which evict the idle buckets they meet); the busy
+    // key and the 300 new ones are left.
+    assert_eq!(limiter.len(), 301);
     // Every new key kept its state (burst 1: a second check is denied).
     let check = limiter.clone();
     within(
