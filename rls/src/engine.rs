@@ -1,12 +1,14 @@
 //! `Engine`: the live rules, swapped whole on reload, and the answer to one
 //! `ShouldRateLimit` request.
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
@@ -14,9 +16,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use turnstile_rl::{Decision, Quota};
 
-use crate::bucket::{quota, Outcome};
-use crate::config::{ConfigError, ConfigSet, Limit};
-use crate::rules::{Match, Rules};
+use crate::bucket::{quota, Bucket, Outcome};
+use crate::config::{Algorithm, ConfigError, ConfigSet, Limit, Unit};
+use crate::rules::{push_part, push_path, Match, Rule, Rules};
 use crate::settings::Settings;
 use crate::stats::{DescriptorStats, ServiceStats};
 
@@ -29,6 +31,10 @@ pub struct Engine {
     // One reload at a time, so two reloads never both build new buckets
     // from the same previous rules.
     reloading: tokio::sync::Mutex<()>,
+    /// The limits Envoy sent in descriptors (`RateLimitDescriptor.limit`),
+    /// one per domain and limit, built on first use and kept across reloads
+    /// (they are not part of the configuration).
+    overrides: RwLock<HashMap<(String, Limit), Arc<Rule>>>,
 }
 
 /// Why a request was refused outright (gRPC `INVALID_ARGUMENT`).
@@ -71,6 +77,7 @@ impl Engine {
             rules: ArcSwap::from_pointee(rules),
             stats,
             reloading: tokio::sync::Mutex::new(()),
+            overrides: RwLock::default(),
         })
     }
 
@@ -138,11 +145,18 @@ impl Engine {
             return Err(RequestError::NoDescriptors);
         }
         let rules = self.rules.load();
-        let mut matches: Vec<Option<Match>> = request
-            .descriptors
-            .iter()
-            .map(|d| rules.lookup(&request.domain, &d.entries))
-            .collect();
+        let mut matches: Vec<Option<Match>> = Vec::with_capacity(request.descriptors.len());
+        for descriptor in &request.descriptors {
+            matches.push(match &descriptor.limit {
+                // Envoy's limit override replaces the configuration's
+                // lookup for this descriptor, as in envoyproxy/ratelimit.
+                Some(limit) => {
+                    self.override_match(&request.domain, descriptor, limit)
+                        .await
+                }
+                None => rules.lookup(&request.domain, &descriptor.entries),
+            });
+        }
         // `replaces`: a named limit is dropped when another matched limit
         // of the request replaces it.
         let replacing: HashSet<&str> = matches
@@ -194,6 +208,68 @@ impl Engine {
             });
         }
         Ok(self.respond(verdicts))
+    }
+
+    /// The match for a descriptor that carries its own limit: one bucket
+    /// per list of entries (keys and values), statistics under the
+    /// entries' path. An unknown unit, or a limit the backend cannot
+    /// serve, is no limit (reported on stderr once per build attempt).
+    async fn override_match(
+        &self,
+        domain: &str,
+        descriptor: &RateLimitDescriptor,
+        limit: &RateLimitOverride,
+    ) -> Option<Match> {
+        let limit = Limit {
+            requests_per_unit: limit.requests_per_unit,
+            unit: Unit::from_proto(limit.unit)?,
+            algorithm: Algorithm::Gcra,
+        };
+        let id = (domain.to_owned(), limit);
+        let known = self.overrides.read().ok()?.get(&id).cloned();
+        let rule = match known {
+            Some(rule) => rule,
+            None => {
+                let name = format!(
+                    "{domain}.override_{}_per_{}",
+                    limit.requests_per_unit, limit.unit
+                );
+                let bucket =
+                    match Bucket::build(&limit, &self.settings.backend_settings(), &name).await {
+                        Ok(bucket) => Arc::new(bucket),
+                        Err(e) => {
+                            eprintln!("turnstile-rls: cannot serve the limit override {name}: {e}");
+                            return None;
+                        }
+                    };
+                let rule = Arc::new(Rule {
+                    domain: domain.to_owned(),
+                    path: name.clone(),
+                    limit: Some(limit),
+                    name: None,
+                    replaces: Vec::new(),
+                    shadow_mode: false,
+                    detailed_metric: false,
+                    bucket: Some(bucket),
+                    stats: self.stats.descriptor(domain, &name),
+                });
+                // A racing request may have built one too: the first stays.
+                let mut overrides = self.overrides.write().ok()?;
+                overrides.entry(id).or_insert(rule).clone()
+            }
+        };
+        let mut bucket_key = String::new();
+        let mut path = String::new();
+        for entry in &descriptor.entries {
+            push_part(&mut bucket_key, &entry.key);
+            push_part(&mut bucket_key, &entry.value);
+            push_path(&mut path, &entry.key, Some(&entry.value));
+        }
+        Some(Match {
+            rule,
+            bucket_key,
+            stat_path: Some(path),
+        })
     }
 
     fn count(

@@ -225,13 +225,13 @@ impl Rules {
 
 /// Appends a value to a bucket key, length-prefixed so that no two lists
 /// of values make the same key.
-fn push_part(key: &mut String, value: &str) {
+pub(crate) fn push_part(key: &mut String, value: &str) {
     use std::fmt::Write;
     let _ = write!(key, "{}:{value}", value.len());
 }
 
 /// Appends `key` or `key_value` to a dotted statistics path.
-fn push_path(path: &mut String, key: &str, value: Option<&str>) {
+pub(crate) fn push_path(path: &mut String, key: &str, value: Option<&str>) {
     if !path.is_empty() {
         path.push('.');
     }

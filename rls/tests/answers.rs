@@ -203,3 +203,31 @@ async fn metrics_count_hits_near_and_over_the_limit_and_the_engine() {
         Some(1.0)
     );
 }
+
+#[tokio::test]
+async fn the_grpc_health_service_reports_serving() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let dir = ConfigDir::with("a.yaml", RULES);
+    let h = start(settings(&dir)).await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", h.service.grpc_addr))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = HealthClient::new(channel);
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+        let answer = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("health of {service:?}: {e}"));
+        assert_eq!(
+            answer.get_ref().status,
+            ServingStatus::Serving as i32,
+            "{service:?}"
+        );
+    }
+}

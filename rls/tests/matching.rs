@@ -221,3 +221,36 @@ async fn a_request_without_domain_or_descriptors_is_invalid() {
         .expect_err("no descriptors");
     assert_eq!(none.code(), tonic::Code::InvalidArgument);
 }
+
+#[tokio::test]
+async fn a_descriptors_own_limit_overrides_the_configuration() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    let (_dir, mut h) = harness().await;
+    let with_limit = |entries: &[(&str, &str)], requests_per_unit| {
+        let mut d = descriptor(entries);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit,
+            unit: 3, // HOUR
+        });
+        request("m", vec![d])
+    };
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        // Not configured at all: the override alone limits it.
+        codes.push(support::code(
+            h.ask(with_limit(&[("tenant", "t1")], 2)).await.overall_code,
+        ));
+    }
+    assert_eq!(codes, [Code::Ok, Code::Ok, Code::OverLimit]);
+    // The vip value would allow 5; its override allows 1.
+    let first = h.ask(with_limit(&[("user", "vip")], 1)).await;
+    assert_eq!(
+        first.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit),
+        Some(1)
+    );
+    let second = h.ask(with_limit(&[("user", "vip")], 1)).await;
+    assert_eq!(support::code(second.overall_code), Code::OverLimit);
+}

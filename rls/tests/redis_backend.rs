@@ -31,9 +31,17 @@ async fn two_instances_share_each_limit_through_redis() {
     let mut a = on_redis(&dir, &redis, FailurePolicyName::Open).await;
     let mut b = on_redis(&dir, &redis, FailurePolicyName::Open).await;
     assert_eq!(a.admitted("r", &[("user", "u")], 2).await, 2);
-    assert_eq!(b.admitted("r", &[("user", "u")], 3).await, 1, "one left of the shared 3");
+    assert_eq!(
+        b.admitted("r", &[("user", "u")], 3).await,
+        1,
+        "one left of the shared 3"
+    );
     assert_eq!(a.admitted("r", &[("user", "u")], 1).await, 0);
-    assert_eq!(b.admitted("r", &[("user", "other")], 4).await, 3, "another value, another bucket");
+    assert_eq!(
+        b.admitted("r", &[("user", "other")], 4).await,
+        3,
+        "another value, another bucket"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,19 +63,29 @@ async fn codes_after_a_kill(policy: FailurePolicyName) -> Vec<Code> {
     let mut redis = RedisServer::start().expect("redis-server");
     let dir = ConfigDir::with("r.yaml", RULES);
     let mut h = on_redis(&dir, &redis, policy).await;
-    assert_eq!(h.admitted("r", &[("user", "u")], 1).await, 1, "Redis decides");
+    assert_eq!(
+        h.admitted("r", &[("user", "u")], 1).await,
+        1,
+        "Redis decides"
+    );
     redis.kill();
     h.codes("r", &[("user", "u")], 4).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_redis_killed_fail_open_allows() {
-    assert_eq!(codes_after_a_kill(FailurePolicyName::Open).await, [Code::Ok; 4]);
+    assert_eq!(
+        codes_after_a_kill(FailurePolicyName::Open).await,
+        [Code::Ok; 4]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_redis_killed_fail_closed_refuses() {
-    assert_eq!(codes_after_a_kill(FailurePolicyName::Closed).await, [Code::OverLimit; 4]);
+    assert_eq!(
+        codes_after_a_kill(FailurePolicyName::Closed).await,
+        [Code::OverLimit; 4]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -324,6 +324,21 @@ impl Unit {
         }) as i32
     }
 
+    /// The unit of a proto enum value, if it is a known one.
+    pub fn from_proto(value: i32) -> Option<Unit> {
+        [
+            Unit::Second,
+            Unit::Minute,
+            Unit::Hour,
+            Unit::Day,
+            Unit::Week,
+            Unit::Month,
+            Unit::Year,
+        ]
+        .into_iter()
+        .find(|u| u.proto() == value)
+    }
+
     /// The unit's name in the configuration.
     pub fn name(self) -> &'static str {
         match self {
