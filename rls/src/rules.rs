@@ -64,13 +64,16 @@ struct Node {
 #[derive(Debug)]
 struct Wildcard {
     composite: String,
+    /// The configured value (the pattern), for metrics and shared buckets.
+    value: String,
     parts: Vec<String>,
 }
 
 impl Wildcard {
-    fn new(composite: &str) -> Wildcard {
+    fn new(composite: &str, value: &str) -> Wildcard {
         Wildcard {
             composite: composite.to_owned(),
+            value: value.to_owned(),
             parts: composite.split('*').map(str::to_owned).collect(),
         }
     }
@@ -82,13 +85,15 @@ impl Wildcard {
             (Some(f), Some(l)) if self.parts.len() >= 2 => (f, l),
             _ => return self.composite == text,
         };
-        if text.len() < first.len() + last.len() || !text.starts_with(first.as_str()) {
+        // Both ends checked before slicing, so the cuts fall on character
+        // boundaries whatever the request sends.
+        if text.len() < first.len() + last.len()
+            || !text.starts_with(first.as_str())
+            || !text.ends_with(last.as_str())
+        {
             return false;
         }
         let mut rest = &text[first.len()..text.len() - last.len()];
-        if !text.ends_with(last.as_str()) {
-            return false;
-        }
         for middle in &self.parts[1..self.parts.len() - 1] {
             match rest.find(middle.as_str()) {
                 Some(at) => rest = &rest[at + middle.len()..],
@@ -166,12 +171,12 @@ impl Rules {
             // metrics: a shared wildcard is one bucket, whatever the value.
             let shared = wildcard
                 .filter(|_| child.share_threshold)
-                .map(|w| &w.composite[entry.key.len() + 1..]);
+                .map(|w| w.value.as_str());
             push_part(&mut bucket_key, shared.unwrap_or(&entry.value));
             let metric_value = match (wildcard, shared) {
                 (_, Some(pattern)) => Some(pattern),
                 (Some(_), None) if child.value_to_metric => Some(entry.value.as_str()),
-                (Some(w), None) => Some(&w.composite[entry.key.len() + 1..]),
+                (Some(w), None) => Some(w.value.as_str()),
                 (None, _) if by_value || child.value_to_metric => Some(entry.value.as_str()),
                 (None, _) => None,
             };
@@ -283,8 +288,8 @@ impl Builder<'_> {
                 }
                 self.children(&mut child, &descriptor.descriptors, &path, &here)
                     .await?;
-                if composite.contains('*') {
-                    node.wildcards.push(Wildcard::new(&composite));
+                if let Some(value) = descriptor.value.as_deref().filter(|v| v.contains('*')) {
+                    node.wildcards.push(Wildcard::new(&composite, value));
                 }
                 node.children.insert(composite, child);
             }
@@ -340,5 +345,43 @@ impl Builder<'_> {
         (rule.limit.as_ref() == Some(limit))
             .then(|| rule.bucket.clone())
             .flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcards_match_as_in_envoyproxy_ratelimit() {
+        let trailing = Wildcard::new("path_/api/*", "/api/*");
+        assert!(trailing.matches("path_/api/"));
+        assert!(trailing.matches("path_/api/users/7"));
+        assert!(!trailing.matches("path_/apx/users"));
+        let middle = Wildcard::new("path_/a/*/b/*.json", "/a/*/b/*.json");
+        assert!(middle.matches("path_/a/x/b/y.json"));
+        assert!(middle.matches("path_/a//b/.json"));
+        assert!(!middle.matches("path_/a/x/c/y.json"));
+        assert!(
+            !middle.matches("path_/a/b.json"),
+            "the prefix and suffix may not overlap"
+        );
+        // Multi-byte characters next to the cuts: no panic, no match.
+        assert!(!middle.matches("path_/a/\u{e9}\u{e9}.jso\u{e9}"));
+        assert!(!trailing.matches("path_/ap\u{e9}"));
+    }
+
+    #[test]
+    fn bucket_keys_of_different_value_lists_differ() {
+        let key = |values: &[&str]| {
+            let mut key = String::new();
+            for v in values {
+                push_part(&mut key, v);
+            }
+            key
+        };
+        assert_ne!(key(&["a|b", "c"]), key(&["a", "b|c"]));
+        assert_ne!(key(&["1:a", ""]), key(&["1", "a"]));
+        assert_eq!(key(&["alice"]), "5:alice");
     }
 }

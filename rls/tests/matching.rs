@@ -34,6 +34,10 @@ descriptors:
   - key: file
     value: "img/*"
     rate_limit: { unit: hour, requests_per_unit: 1 }
+  - key: tier
+    value: "*"
+    share_threshold: true
+    rate_limit: { unit: hour, requests_per_unit: 2 }
   - key: team
     descriptors:
       - key: member
@@ -253,4 +257,21 @@ async fn a_descriptors_own_limit_overrides_the_configuration() {
     );
     let second = h.ask(with_limit(&[("user", "vip")], 1)).await;
     assert_eq!(support::code(second.overall_code), Code::OverLimit);
+}
+
+#[tokio::test]
+async fn share_threshold_gives_every_wildcard_value_one_bucket() {
+    let (_dir, mut h) = harness().await;
+    assert_eq!(h.admitted("m", &[("tier", "gold")], 1).await, 1);
+    assert_eq!(
+        h.admitted("m", &[("tier", "silver")], 2).await,
+        1,
+        "one left, shared"
+    );
+    // Composite keys are matched as strings, as in envoyproxy/ratelimit:
+    // `tier_x_...` fits `tier_*` too; whatever the text, no panic.
+    let response = h
+        .ask(request("m", vec![descriptor(&[("tier_x", "\u{e9}")])]))
+        .await;
+    assert_eq!(support::code(response.overall_code), Code::OverLimit);
 }
