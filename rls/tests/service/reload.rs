@@ -3,7 +3,7 @@
 //! the previous configuration serving; and SIGHUP triggers it in the
 //! real command.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

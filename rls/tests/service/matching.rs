@@ -2,7 +2,7 @@
 //! loopback: a value beats no value, nested descriptors, the deepest match
 //! only, `replaces`, `unlimited`, wildcards, and no match at all.
 
-mod support;
+use crate::support;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use support::{descriptor, request, settings, start, status_code, ConfigDir};

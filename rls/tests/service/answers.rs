@@ -2,7 +2,7 @@
 //! mode (per descriptor and global), the IETF headers, fixed windows,
 //! `requests_per_unit: 0`, and the metrics an operator reads.
 
-mod support;
+use crate::support;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::google::protobuf::UInt64Value;

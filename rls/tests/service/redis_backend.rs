@@ -2,7 +2,7 @@
 //! real `redis-server` started by the test, and when it is killed mid-run
 //! each failure policy answers as configured.
 
-mod support;
+use crate::support;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use support::{settings, start, ConfigDir, Harness};

@@ -1,7 +1,7 @@
 //! Bad configuration: each mistake is an error naming the file, the line
 //! and the field, and the command exits with it instead of serving.
 
-mod support;
+use crate::support;
 
 use support::ConfigDir;
 use turnstile_rls::config::{ConfigError, ConfigSet};
