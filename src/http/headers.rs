@@ -52,7 +52,7 @@ pub(crate) fn ceil_secs(d: Duration) -> u64 {
 /// character, which is not printable ASCII.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{0:?} is not printable ASCII")]
-pub(crate) struct NotPrintable(pub(crate) char);
+pub struct NotPrintable(pub char);
 
 /// A policy name as a structured-field string (`"api"`), or the first
 /// character that keeps it from being one: only printable ASCII is
@@ -141,6 +141,27 @@ impl HeaderSet {
             }
         }
     }
+}
+
+/// The IETF `RateLimit-Policy` and `RateLimit` fields for `decision`,
+/// exactly as [`RateLimitLayer`](crate::http::RateLimitLayer) writes them,
+/// for a service that answers for a proxy instead of serving HTTP itself
+/// (Envoy's rate limit service, `turnstile-rls`). `policies` are (name,
+/// quota) pairs with plain names; `binding` is the index of the policy
+/// `decision` came from. An error names the first character of a name that
+/// is not printable ASCII.
+pub fn ietf_fields(
+    policies: &[(&str, Quota)],
+    binding: usize,
+    decision: &Decision,
+) -> Result<HeaderMap, NotPrintable> {
+    let policies = policies
+        .iter()
+        .map(|(name, quota)| Ok((sf_string(name)?, *quota)))
+        .collect::<Result<Vec<_>, NotPrintable>>()?;
+    let mut headers = HeaderMap::new();
+    HeaderSet::new(policies, true, false).write(decision, binding, &mut headers);
+    Ok(headers)
 }
 
 /// `Retry-After` for a denial: the wait in delta-seconds, rounded up and

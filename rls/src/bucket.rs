@@ -1,0 +1,186 @@
+//! `Bucket`: the state of one configured limit, in-process or in Redis.
+
+use std::time::Duration;
+
+use turnstile_rl::algorithms::FixedWindow;
+use turnstile_rl::redis::{FailurePolicy, RedisLimiter};
+use turnstile_rl::{Clock, Decision, DefaultClock, KeyedLimiter, Quota};
+
+use crate::config::{Algorithm, Limit};
+use crate::settings::{BackendSettings, FailurePolicyName};
+
+/// One configured limit's buckets, one per distinct request value.
+// Built once per limit and kept behind an `Arc`, never moved on a hot path.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Bucket {
+    /// In-process GCRA.
+    Gcra(KeyedLimiter<String>),
+    /// In-process fixed window.
+    FixedWindow(KeyedLimiter<String, DefaultClock, FixedWindow>),
+    /// GCRA in Redis, shared by every instance of the service.
+    Redis(RedisLimiter),
+    /// `requests_per_unit: 0`: every request is over the limit.
+    DenyAll,
+}
+
+/// What a bucket answered for one descriptor.
+#[derive(Clone, Copy, Debug)]
+pub struct Outcome {
+    /// Whether the hits fit.
+    pub allowed: bool,
+    /// The numbers behind the answer (`None` for [`Bucket::DenyAll`]).
+    pub decision: Option<Decision>,
+    /// A look (cost 0): `decision` is what one more hit would get.
+    pub looked: bool,
+}
+
+impl Outcome {
+    /// Requests of cost 1 left.
+    pub fn remaining(&self) -> u64 {
+        // A look's decision counts the hit it did not take: one more left.
+        let taken_by_look = u64::from(self.looked && self.allowed);
+        self.decision.map_or(0, |d| d.remaining() + taken_by_look)
+    }
+
+    /// Envoy's `duration_until_reset`: for a refusal, the wait until the
+    /// same hits could pass (a fixed window's edge); otherwise the time
+    /// until the bucket is full again.
+    pub fn until_reset(&self, unit: Duration) -> Duration {
+        match self.decision {
+            Some(d) => d.retry_after().unwrap_or_else(|| d.reset_after()),
+            None => unit,
+        }
+    }
+}
+
+impl Bucket {
+    /// The bucket for `limit`; `id` names the limit in Redis keys.
+    pub async fn build(
+        limit: &Limit,
+        backend: &BackendSettings,
+        id: &str,
+    ) -> Result<Bucket, String> {
+        if limit.requests_per_unit == 0 {
+            return Ok(Bucket::DenyAll);
+        }
+        let quota = quota(limit)?;
+        match backend {
+            BackendSettings::InProcess { max_keys } => match limit.algorithm {
+                Algorithm::Gcra => Ok(Bucket::Gcra(
+                    KeyedLimiter::builder(quota).max_keys(*max_keys).build(),
+                )),
+                Algorithm::FixedWindow => Ok(Bucket::FixedWindow(
+                    KeyedLimiter::builder(quota)
+                        .algorithm_for::<FixedWindow>()
+                        .map_err(|e| e.to_string())?
+                        .max_keys(*max_keys)
+                        .build(),
+                )),
+            },
+            BackendSettings::Redis(redis) => {
+                if limit.algorithm != Algorithm::Gcra {
+                    return Err("`algorithm: fixed_window` needs the in-process backend: the Redis backend runs GCRA only".into());
+                }
+                let policy = match redis.failure_policy {
+                    FailurePolicyName::Open => FailurePolicy::FailOpen,
+                    FailurePolicyName::Closed => FailurePolicy::FailClosed,
+                    FailurePolicyName::Local => FailurePolicy::Local(
+                        KeyedLimiter::builder(quota)
+                            .max_keys(redis.max_keys)
+                            .build(),
+                    ),
+                };
+                let limiter = RedisLimiter::builder(quota)
+                    .url(redis.url.clone())
+                    .prefix(format!("{}{id}:", redis.prefix))
+                    .timeout(redis.timeout)
+                    .failure_policy(policy)
+                    .build()
+                    .await
+                    .map_err(|e| format!("cannot build the Redis limiter: {e}"))?;
+                Ok(Bucket::Redis(limiter))
+            }
+        }
+    }
+
+    /// Takes `cost` hits for `key` (`0`: only looks, as Envoy's
+    /// `hits_addend: 0` asks). A cost above the bucket's size can never
+    /// fit: it is over the limit, and takes nothing.
+    pub async fn decide(&self, key: &str, cost: u64) -> Outcome {
+        match self {
+            Bucket::DenyAll => Outcome {
+                allowed: false,
+                decision: None,
+                looked: false,
+            },
+            Bucket::Gcra(l) => decide_local(l, key, cost),
+            Bucket::FixedWindow(l) => decide_local(l, key, cost),
+            Bucket::Redis(l) => {
+                let fits = cost <= l.quota().burst_size();
+                let result = if cost == 0 || !fits {
+                    l.peek(key).await
+                } else {
+                    l.check_n(key, cost).await
+                };
+                match result {
+                    Ok(d) => Outcome {
+                        allowed: d.is_allowed() && fits,
+                        decision: Some(d),
+                        looked: cost == 0,
+                    },
+                    // Only a bad key gets here, and the service never
+                    // builds an empty one: refuse, as failing closed would.
+                    Err(_) => Outcome {
+                        allowed: false,
+                        decision: None,
+                        looked: false,
+                    },
+                }
+            }
+        }
+    }
+
+    /// The in-process limiter's gauges, if any.
+    pub fn stats(&self) -> Option<turnstile_rl::Stats> {
+        match self {
+            Bucket::Gcra(l) => Some(l.stats()),
+            Bucket::FixedWindow(l) => Some(l.stats()),
+            _ => None,
+        }
+    }
+}
+
+/// [`Bucket::decide`] for an in-process limiter.
+fn decide_local<C: Clock, A: turnstile_rl::Algorithm>(
+    limiter: &KeyedLimiter<String, C, A>,
+    key: &str,
+    cost: u64,
+) -> Outcome {
+    let decision = if cost == 0 {
+        limiter.peek(key)
+    } else {
+        match limiter.check_n(key, cost) {
+            Ok(d) => d,
+            // Above the bucket's size: it can never fit, and takes nothing.
+            Err(_) => {
+                return Outcome {
+                    allowed: false,
+                    decision: Some(limiter.peek(key)),
+                    looked: false,
+                }
+            }
+        }
+    };
+    Outcome {
+        allowed: decision.is_allowed(),
+        decision: Some(decision),
+        looked: cost == 0,
+    }
+}
+
+/// The quota of `limit`: a bucket of `requests_per_unit`, refilled over one unit.
+pub fn quota(limit: &Limit) -> Result<Quota, String> {
+    Quota::new(u64::from(limit.requests_per_unit), limit.unit.duration())
+        .map_err(|e| format!("{} per {}: {e}", limit.requests_per_unit, limit.unit))
+}

@@ -1,0 +1,27 @@
+//! `turnstile-rls`: a rate limit service for Envoy
+//! (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`) on
+//! turnstile's engine, configured with envoyproxy/ratelimit's YAML.
+//!
+//! - [`config`]: the YAML files, checked, with errors naming file, line and field;
+//! - [`rules`]: the compiled descriptor tree and envoyproxy/ratelimit's lookup;
+//! - [`bucket`]: one limit's state, in-process (`KeyedLimiter`) or in Redis;
+//! - [`engine`]: the live rules, reloads, and the answer to a request;
+//! - [`service`]: the gRPC service; [`server`]: listeners and SIGHUP;
+//! - [`stats`]: the Prometheus metrics; [`settings`]: flags and environment;
+//! - [`load`]: the load test behind `benches/load.rs`.
+//!
+//! rls/README.md says how to run it and point Envoy at it.
+
+pub mod bucket;
+pub mod config;
+pub mod engine;
+pub mod load;
+pub mod rules;
+pub mod server;
+pub mod service;
+pub mod settings;
+pub mod stats;
+
+pub use engine::Engine;
+pub use server::{start, RunningService, StartError};
+pub use settings::Settings;

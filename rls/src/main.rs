@@ -1,0 +1,39 @@
+//! `turnstile-rls`: the service's command. Flags and environment variables
+//! are in `--help` and rls/README.md.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use turnstile_rls::{server, Settings};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let settings = Settings::parse();
+    let backend = settings.backend;
+    let running = match server::start(settings).await {
+        Ok(running) => running,
+        Err(e) => {
+            eprintln!("turnstile-rls: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut domains: Vec<String> = running
+        .engine
+        .rules()
+        .domains()
+        .map(str::to_owned)
+        .collect();
+    domains.sort();
+    // One line on stdout with the bound addresses (ports chosen by the OS
+    // when asked for 0): scripts and tests read it.
+    println!(
+        "turnstile-rls listening: grpc={} metrics=http://{}/metrics backend={backend:?} domains={}",
+        running.grpc_addr,
+        running.metrics_addr,
+        domains.join(",")
+    );
+    #[cfg(unix)]
+    tokio::spawn(server::reload_on_sighup(running.engine.clone()));
+    let _ = tokio::signal::ctrl_c().await;
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,387 @@
+//! `Rules`: the configuration compiled into a lookup tree per domain, each
+//! limit holding its buckets, and the lookup itself.
+//!
+//! The lookup is envoyproxy/ratelimit's `GetLimit`: a request descriptor's
+//! entries walk the tree from the domain's top level, one level per entry.
+//! At each level `key_value` is tried first, then the level's wildcards
+//! (values with `*`) in file order, then `key` alone (a default for any
+//! value). A limit applies only if it sits on the node the **last** entry
+//! reached: a descriptor longer or shorter than the configured path gets
+//! no limit, and the walk stops early when a node has no children.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+
+use crate::bucket::Bucket;
+use crate::config::{ConfigError, ConfigSet, DescriptorConfig, Limit};
+use crate::settings::BackendSettings;
+use crate::stats::{DescriptorStats, ServiceStats};
+
+/// Every domain's compiled tree.
+#[derive(Debug, Default)]
+pub struct Rules {
+    domains: HashMap<String, Node>,
+}
+
+/// One configured limit (a node with a `rate_limit` block).
+#[derive(Debug)]
+pub struct Rule {
+    /// The domain.
+    pub domain: String,
+    /// The node's path under the domain, as envoyproxy/ratelimit names its
+    /// statistics: `key_value.key` (a node without a value is its key).
+    pub path: String,
+    /// The limit, or `None` for `unlimited`.
+    pub limit: Option<Limit>,
+    /// `rate_limit.name`.
+    pub name: Option<String>,
+    /// `rate_limit.replaces`.
+    pub replaces: Vec<String>,
+    /// `shadow_mode`.
+    pub shadow_mode: bool,
+    /// `detailed_metric`.
+    pub detailed_metric: bool,
+    /// The buckets (`None` for `unlimited`).
+    pub bucket: Option<Arc<Bucket>>,
+    /// The counters of [`path`](Rule::path).
+    pub stats: DescriptorStats,
+}
+
+#[derive(Debug, Default)]
+struct Node {
+    /// Children by composite key (`key` or `key_value`).
+    children: HashMap<String, Node>,
+    /// The children whose value has a `*`, in file order.
+    wildcards: Vec<Wildcard>,
+    rule: Option<Arc<Rule>>,
+    value_to_metric: bool,
+    share_threshold: bool,
+}
+
+#[derive(Debug)]
+struct Wildcard {
+    composite: String,
+    /// The configured value (the pattern), for metrics and shared buckets.
+    value: String,
+    parts: Vec<String>,
+}
+
+impl Wildcard {
+    fn new(composite: &str, value: &str) -> Wildcard {
+        Wildcard {
+            composite: composite.to_owned(),
+            value: value.to_owned(),
+            parts: composite.split('*').map(str::to_owned).collect(),
+        }
+    }
+
+    /// envoyproxy/ratelimit's `wildcardMatch`: the parts in order, the first
+    /// a prefix and the last a suffix.
+    fn matches(&self, text: &str) -> bool {
+        let (first, last) = match (self.parts.first(), self.parts.last()) {
+            (Some(f), Some(l)) if self.parts.len() >= 2 => (f, l),
+            _ => return self.composite == text,
+        };
+        // Both ends checked before slicing, so the cuts fall on character
+        // boundaries whatever the request sends.
+        if text.len() < first.len() + last.len()
+            || !text.starts_with(first.as_str())
+            || !text.ends_with(last.as_str())
+        {
+            return false;
+        }
+        let mut rest = &text[first.len()..text.len() - last.len()];
+        for middle in &self.parts[1..self.parts.len() - 1] {
+            match rest.find(middle.as_str()) {
+                Some(at) => rest = &rest[at + middle.len()..],
+                None => return false,
+            }
+        }
+        true
+    }
+}
+
+/// What a request descriptor matched.
+#[derive(Debug)]
+pub struct Match {
+    /// The limit.
+    pub rule: Arc<Rule>,
+    /// The bucket's key within the limit: the entries' values (a shared
+    /// wildcard's pattern in place of the value).
+    pub bucket_key: String,
+    /// The statistics' path when it is not the rule's own
+    /// (`detailed_metric`, `value_to_metric`).
+    pub stat_path: Option<String>,
+}
+
+impl Rules {
+    /// Compiles `config`, reusing the bucket of every limit of `previous`
+    /// whose domain, path and limit are unchanged (so a reload keeps their
+    /// state), and building the others on `backend`.
+    pub async fn build(
+        config: &ConfigSet,
+        backend: &BackendSettings,
+        stats: &ServiceStats,
+        previous: Option<&Rules>,
+    ) -> Result<Rules, ConfigError> {
+        let mut domains = HashMap::new();
+        for (file, domain) in &config.domains {
+            let mut root = Node::default();
+            let builder = Builder {
+                file,
+                domain: &domain.domain,
+                backend,
+                stats,
+                previous: previous.and_then(|p| p.domains.get(&domain.domain)),
+            };
+            builder
+                .children(&mut root, &domain.descriptors, "", &[])
+                .await?;
+            domains.insert(domain.domain.clone(), root);
+        }
+        Ok(Rules { domains })
+    }
+
+    /// The limit for one request descriptor of `domain`, if any.
+    pub fn lookup(&self, domain: &str, entries: &[Entry]) -> Option<Match> {
+        let mut node = self.domains.get(domain)?;
+        let mut found = None;
+        let mut detailed = String::new();
+        let mut valued = String::new();
+        let mut bucket_key = String::new();
+        for (i, entry) in entries.iter().enumerate() {
+            let composite = format!("{}_{}", entry.key, entry.value);
+            let mut next = node.children.get(&composite);
+            let mut wildcard = None;
+            if next.is_none() {
+                if let Some(w) = node.wildcards.iter().find(|w| w.matches(&composite)) {
+                    next = node.children.get(&w.composite);
+                    wildcard = Some(w);
+                }
+            }
+            let by_value = next.is_some();
+            if next.is_none() {
+                next = node.children.get(&entry.key);
+            }
+            let Some(child) = next else { break };
+            // The value that names this level in the bucket key and the
+            // metrics: a shared wildcard is one bucket, whatever the value.
+            let shared = wildcard
+                .filter(|_| child.share_threshold)
+                .map(|w| w.value.as_str());
+            push_part(&mut bucket_key, shared.unwrap_or(&entry.value));
+            let metric_value = match (wildcard, shared) {
+                (_, Some(pattern)) => Some(pattern),
+                (Some(_), None) if child.value_to_metric => Some(entry.value.as_str()),
+                (Some(w), None) => Some(w.value.as_str()),
+                (None, _) if by_value || child.value_to_metric => Some(entry.value.as_str()),
+                (None, _) => None,
+            };
+            push_path(&mut valued, &entry.key, metric_value);
+            push_path(
+                &mut detailed,
+                &entry.key,
+                shared.or(Some(entry.value.as_str())),
+            );
+            if i + 1 == entries.len() {
+                found = child.rule.clone();
+            }
+            if child.children.is_empty() {
+                break;
+            }
+            node = child;
+        }
+        let rule = found?;
+        let stat_path = if rule.detailed_metric {
+            Some(detailed)
+        } else {
+            Some(valued).filter(|p| *p != rule.path)
+        };
+        Some(Match {
+            rule,
+            bucket_key,
+            stat_path,
+        })
+    }
+
+    /// Every configured limit, for the gauges.
+    pub fn rules(&self) -> Vec<Arc<Rule>> {
+        fn walk(node: &Node, out: &mut Vec<Arc<Rule>>) {
+            out.extend(node.rule.clone());
+            for child in node.children.values() {
+                walk(child, out);
+            }
+        }
+        let mut out = Vec::new();
+        for node in self.domains.values() {
+            walk(node, &mut out);
+        }
+        out
+    }
+
+    /// The configured domains.
+    pub fn domains(&self) -> impl Iterator<Item = &str> {
+        self.domains.keys().map(String::as_str)
+    }
+}
+
+/// Appends a value to a bucket key, length-prefixed so that no two lists
+/// of values make the same key.
+pub(crate) fn push_part(key: &mut String, value: &str) {
+    use std::fmt::Write;
+    let _ = write!(key, "{}:{value}", value.len());
+}
+
+/// Appends `key` or `key_value` to a dotted statistics path.
+pub(crate) fn push_path(path: &mut String, key: &str, value: Option<&str>) {
+    if !path.is_empty() {
+        path.push('.');
+    }
+    path.push_str(key);
+    if let Some(value) = value.filter(|v| !v.is_empty()) {
+        path.push('_');
+        path.push_str(value);
+    }
+}
+
+struct Builder<'a> {
+    file: &'a Path,
+    domain: &'a str,
+    backend: &'a BackendSettings,
+    stats: &'a ServiceStats,
+    previous: Option<&'a Node>,
+}
+
+impl Builder<'_> {
+    /// Compiles `descriptors` into `node`'s children; `prefix` is the
+    /// node's path (empty at the top).
+    fn children<'s>(
+        &'s self,
+        node: &'s mut Node,
+        descriptors: &'s [DescriptorConfig],
+        prefix: &'s str,
+        trail: &'s [String],
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ConfigError>> + Send + 's>>
+    {
+        Box::pin(async move {
+            for descriptor in descriptors {
+                let composite = descriptor.composite_key();
+                let path = if prefix.is_empty() {
+                    composite.clone()
+                } else {
+                    format!("{prefix}.{composite}")
+                };
+                let mut child = Node {
+                    value_to_metric: descriptor.value_to_metric,
+                    share_threshold: descriptor.share_threshold,
+                    ..Node::default()
+                };
+                let mut here = trail.to_vec();
+                here.push(composite.clone());
+                if let Some(rate_limit) = &descriptor.rate_limit {
+                    child.rule = Some(Arc::new(
+                        self.rule(descriptor, rate_limit, &path, &here).await?,
+                    ));
+                }
+                self.children(&mut child, &descriptor.descriptors, &path, &here)
+                    .await?;
+                if let Some(value) = descriptor.value.as_deref().filter(|v| v.contains('*')) {
+                    node.wildcards.push(Wildcard::new(&composite, value));
+                }
+                node.children.insert(composite, child);
+            }
+            Ok(())
+        })
+    }
+
+    async fn rule(
+        &self,
+        descriptor: &DescriptorConfig,
+        rate_limit: &crate::config::RateLimitConfig,
+        path: &str,
+        trail: &[String],
+    ) -> Result<Rule, ConfigError> {
+        let bucket = match &rate_limit.limit {
+            None => None,
+            Some(limit) => Some(match self.previous_bucket(trail, limit) {
+                Some(bucket) => bucket,
+                None => Arc::new(
+                    Bucket::build(limit, self.backend, &format!("{}.{path}", self.domain))
+                        .await
+                        .map_err(|message| ConfigError::Unservable {
+                            path: self.file.to_path_buf(),
+                            domain: self.domain.to_owned(),
+                            descriptor: path.to_owned(),
+                            message,
+                        })?,
+                ),
+            }),
+        };
+        Ok(Rule {
+            domain: self.domain.to_owned(),
+            path: path.to_owned(),
+            limit: rate_limit.limit,
+            name: rate_limit.name.clone(),
+            replaces: rate_limit.replaces.clone(),
+            shadow_mode: descriptor.shadow_mode,
+            detailed_metric: descriptor.detailed_metric,
+            bucket,
+            stats: self.stats.descriptor(self.domain, path),
+        })
+    }
+
+    /// The previous configuration's bucket at `trail`, if its limit is
+    /// `limit` exactly.
+    fn previous_bucket(&self, trail: &[String], limit: &Limit) -> Option<Arc<Bucket>> {
+        let mut node = self.previous?;
+        // Composites, not the dotted path: keys and values may hold dots.
+        for part in trail {
+            node = node.children.get(part)?;
+        }
+        let rule = node.rule.as_ref()?;
+        (rule.limit.as_ref() == Some(limit))
+            .then(|| rule.bucket.clone())
+            .flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcards_match_as_in_envoyproxy_ratelimit() {
+        let trailing = Wildcard::new("path_/api/*", "/api/*");
+        assert!(trailing.matches("path_/api/"));
+        assert!(trailing.matches("path_/api/users/7"));
+        assert!(!trailing.matches("path_/apx/users"));
+        let middle = Wildcard::new("path_/a/*/b/*.json", "/a/*/b/*.json");
+        assert!(middle.matches("path_/a/x/b/y.json"));
+        assert!(middle.matches("path_/a//b/.json"));
+        assert!(!middle.matches("path_/a/x/c/y.json"));
+        assert!(
+            !middle.matches("path_/a/b.json"),
+            "the prefix and suffix may not overlap"
+        );
+        // Multi-byte characters next to the cuts: no panic, no match.
+        assert!(!middle.matches("path_/a/\u{e9}\u{e9}.jso\u{e9}"));
+        assert!(!trailing.matches("path_/ap\u{e9}"));
+    }
+
+    #[test]
+    fn bucket_keys_of_different_value_lists_differ() {
+        let key = |values: &[&str]| {
+            let mut key = String::new();
+            for v in values {
+                push_part(&mut key, v);
+            }
+            key
+        };
+        assert_ne!(key(&["a|b", "c"]), key(&["a", "b|c"]));
+        assert_ne!(key(&["1:a", ""]), key(&["1", "a"]));
+        assert_eq!(key(&["alice"]), "5:alice");
+    }
+}

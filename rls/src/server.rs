@@ -1,0 +1,140 @@
+//! Starting the service: the gRPC listener (rate limit and health), the
+//! `/metrics` listener, and reloads on SIGHUP.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::Server;
+
+use crate::config::ConfigError;
+use crate::engine::Engine;
+use crate::service::RateLimitGrpc;
+use crate::settings::Settings;
+
+/// Why the service did not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The configuration is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+    /// An address could not be bound.
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Which listener.
+        what: &'static str,
+        /// Why.
+        source: io::Error,
+    },
+}
+
+/// A running service; stops when dropped.
+#[derive(Debug)]
+pub struct RunningService {
+    /// Where gRPC listens (the bound port when the settings said 0).
+    pub grpc_addr: SocketAddr,
+    /// Where `/metrics` listens.
+    pub metrics_addr: SocketAddr,
+    /// The engine, for reloads and direct reads.
+    pub engine: Arc<Engine>,
+    stop: Option<oneshot::Sender<()>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for RunningService {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Loads the configuration, binds both listeners and serves on the current
+/// tokio runtime.
+pub async fn start(settings: Settings) -> Result<RunningService, StartError> {
+    let bind = |addr: SocketAddr, what: &'static str| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Bind { addr, what, source })
+    };
+    let grpc = bind(settings.grpc_addr, "gRPC").await?;
+    let metrics = bind(settings.metrics_addr, "metrics").await?;
+    let local = |l: &TcpListener, addr: SocketAddr, what| {
+        l.local_addr()
+            .map_err(|source| StartError::Bind { addr, what, source })
+    };
+    let grpc_addr = local(&grpc, settings.grpc_addr, "gRPC")?;
+    let metrics_addr = local(&metrics, settings.metrics_addr, "metrics")?;
+    let engine = Arc::new(Engine::start(settings).await?);
+
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RateLimitGrpc>>()
+        .await;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let grpc_task = tokio::spawn({
+        let engine = engine.clone();
+        async move {
+            let result = Server::builder()
+                .add_service(health)
+                .add_service(RateLimitGrpc::server(engine))
+                .serve_with_incoming_shutdown(TcpIncoming::from(grpc), async {
+                    let _ = stopped.await;
+                })
+                .await;
+            if let Err(e) = result {
+                eprintln!("turnstile-rls: the gRPC server stopped: {e}");
+            }
+        }
+    });
+    let metrics_task = tokio::spawn({
+        let engine = engine.clone();
+        async move {
+            let app = axum::Router::new().route(
+                "/metrics",
+                get(move || {
+                    let engine = engine.clone();
+                    async move { engine.render_metrics() }
+                }),
+            );
+            if let Err(e) = axum::serve(metrics, app).await {
+                eprintln!("turnstile-rls: the metrics server stopped: {e}");
+            }
+        }
+    });
+    Ok(RunningService {
+        grpc_addr,
+        metrics_addr,
+        engine,
+        stop: Some(stop),
+        tasks: vec![grpc_task, metrics_task],
+    })
+}
+
+/// Reloads `engine`'s configuration on every SIGHUP, forever; a bad file
+/// is reported on stderr and the previous rules keep serving.
+#[cfg(unix)]
+pub async fn reload_on_sighup(engine: Arc<Engine>) -> io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hangups = signal(SignalKind::hangup())?;
+    while hangups.recv().await.is_some() {
+        match engine.reload().await {
+            Ok(()) => eprintln!("turnstile-rls: configuration reloaded"),
+            Err(e) => eprintln!(
+                "turnstile-rls: reload refused, the previous configuration keeps serving: {e}"
+            ),
+        }
+    }
+    Ok(())
+}

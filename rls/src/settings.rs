@@ -1,0 +1,142 @@
+//! The service's own settings: command-line flags, each also read from an
+//! environment variable (`TURNSTILE_RLS_*`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// `turnstile-rls`: a rate limit service for Envoy.
+#[derive(Clone, Debug, Parser)]
+#[command(name = "turnstile-rls", version, about)]
+pub struct Settings {
+    /// A directory of envoyproxy/ratelimit YAML files (one domain each), or one file.
+    #[arg(long, env = "TURNSTILE_RLS_CONFIG")]
+    pub config: PathBuf,
+    /// Where the gRPC services (rate limit, health) listen.
+    #[arg(
+        long,
+        env = "TURNSTILE_RLS_GRPC_ADDR",
+        default_value = "127.0.0.1:8081"
+    )]
+    pub grpc_addr: SocketAddr,
+    /// Where the HTTP `/metrics` endpoint (Prometheus text) listens.
+    #[arg(
+        long,
+        env = "TURNSTILE_RLS_METRICS_ADDR",
+        default_value = "127.0.0.1:6070"
+    )]
+    pub metrics_addr: SocketAddr,
+    /// Where the buckets live: in this process, or in Redis for a fleet.
+    #[arg(long, env = "TURNSTILE_RLS_BACKEND", value_enum, default_value_t = BackendName::Memory)]
+    pub backend: BackendName,
+    /// The most distinct request values each in-process limit tracks
+    /// (and each Redis limit's local fallback); past it, the fullest
+    /// buckets are forgotten first.
+    #[arg(long, env = "TURNSTILE_RLS_MAX_KEYS", default_value_t = turnstile_rl::keyed::DEFAULT_MAX_KEYS)]
+    pub max_keys: usize,
+    /// The Redis server (`--backend redis`).
+    #[arg(
+        long,
+        env = "TURNSTILE_RLS_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    pub redis_url: String,
+    /// Prefix of every Redis key.
+    #[arg(
+        long,
+        env = "TURNSTILE_RLS_REDIS_PREFIX",
+        default_value = "turnstile-rls:"
+    )]
+    pub redis_prefix: String,
+    /// Timeout of one Redis call, in milliseconds.
+    #[arg(long, env = "TURNSTILE_RLS_REDIS_TIMEOUT_MS", default_value_t = 20)]
+    pub redis_timeout_ms: u64,
+    /// What a descriptor gets when Redis cannot answer.
+    #[arg(long, env = "TURNSTILE_RLS_REDIS_FAILURE_POLICY", value_enum, default_value_t = FailurePolicyName::Open)]
+    pub redis_failure_policy: FailurePolicyName,
+    /// Add the IETF `RateLimit` and `RateLimit-Policy` headers to every answer.
+    #[arg(long, env = "TURNSTILE_RLS_RESPONSE_HEADERS")]
+    pub response_headers: bool,
+    /// Global shadow mode: count everything, refuse nothing.
+    #[arg(long, env = "TURNSTILE_RLS_SHADOW_MODE")]
+    pub shadow_mode: bool,
+    /// The share of a limit past which hits count as `near_limit`.
+    #[arg(long, env = "TURNSTILE_RLS_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
+    pub near_limit_ratio: f64,
+}
+
+/// `--backend`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendName {
+    /// One `KeyedLimiter` per configured limit, in this process.
+    Memory,
+    /// One `RedisLimiter` per configured limit.
+    Redis,
+}
+
+/// `--redis-failure-policy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FailurePolicyName {
+    /// Allow (Envoy's own default when the service fails).
+    Open,
+    /// Refuse.
+    Closed,
+    /// Decide in this process, each instance alone, with the same quota.
+    Local,
+}
+
+/// The backend part of the settings, as the limits are built from it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum BackendSettings {
+    /// In-process buckets.
+    InProcess {
+        /// `--max-keys`.
+        max_keys: usize,
+    },
+    /// Redis buckets.
+    Redis(RedisSettings),
+}
+
+/// `--redis-*`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RedisSettings {
+    /// `--redis-url`.
+    pub url: String,
+    /// `--redis-prefix`.
+    pub prefix: String,
+    /// `--redis-timeout-ms`.
+    pub timeout: Duration,
+    /// `--redis-failure-policy`.
+    pub failure_policy: FailurePolicyName,
+    /// `--max-keys`, for the local fallback.
+    pub max_keys: usize,
+}
+
+impl Settings {
+    /// Settings for `config` with every default (what tests start from).
+    pub fn new(config: impl Into<PathBuf>) -> Settings {
+        Settings::parse_from([
+            "turnstile-rls".as_ref(),
+            "--config".as_ref(),
+            config.into().as_os_str(),
+        ])
+    }
+
+    /// The backend the limits are built on.
+    pub fn backend_settings(&self) -> BackendSettings {
+        match self.backend {
+            BackendName::Memory => BackendSettings::InProcess {
+                max_keys: self.max_keys,
+            },
+            BackendName::Redis => BackendSettings::Redis(RedisSettings {
+                url: self.redis_url.clone(),
+                prefix: self.redis_prefix.clone(),
+                timeout: Duration::from_millis(self.redis_timeout_ms),
+                failure_policy: self.redis_failure_policy,
+                max_keys: self.max_keys,
+            }),
+        }
+    }
+}

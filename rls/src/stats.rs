@@ -1,0 +1,145 @@
+//! The service's metrics, in the Prometheus text format: per descriptor,
+//! envoyproxy/ratelimit's statistics; per service, its configuration loads;
+//! per limit, the engine's gauges.
+//!
+//! Names follow envoyproxy/ratelimit's default Prometheus mapping of its
+//! `ratelimit.service.rate_limit.DOMAIN.KEY_VALUE.STAT` statistics:
+//! `ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode}`,
+//! labelled `domain` and `descriptor` (the `KEY_VALUE` path, for example
+//! `key_value.key`). Counts are hits (a request's cost), as there.
+
+use std::sync::Arc;
+
+use metrics::{Counter, Key, Label, Metadata, Recorder};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
+
+use crate::bucket::Bucket;
+use crate::rules::Rules;
+
+const TARGET: &str = "turnstile_rls";
+
+/// One service's metrics: its own recorder, so several services can live
+/// in one process (the tests), and nothing is installed globally.
+#[derive(Clone)]
+pub struct ServiceStats {
+    recorder: Arc<PrometheusRecorder>,
+    /// `ratelimit_service_config_load_success`.
+    pub config_load_success: Counter,
+    /// `ratelimit_service_config_load_error`.
+    pub config_load_error: Counter,
+    /// `ratelimit_service_global_shadow_mode`: answers the global shadow
+    /// mode turned from over the limit to OK.
+    pub global_shadow_mode: Counter,
+    /// `ratelimit_service_should_rate_limit_error`: requests refused as
+    /// invalid (no domain, no descriptors).
+    pub should_rate_limit_error: Counter,
+}
+
+impl std::fmt::Debug for ServiceStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceStats").finish_non_exhaustive()
+    }
+}
+
+/// The counters of one descriptor path.
+#[derive(Clone, Debug)]
+pub struct DescriptorStats {
+    /// Every hit.
+    pub total_hits: Counter,
+    /// Hits over the limit (shadow mode included).
+    pub over_limit: Counter,
+    /// Allowed hits past the near-limit ratio.
+    pub near_limit: Counter,
+    /// Allowed hits.
+    pub within_limit: Counter,
+    /// Hits over the limit that shadow mode let through.
+    pub shadow_mode: Counter,
+}
+
+impl Default for ServiceStats {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ServiceStats {
+    /// A fresh set of metrics.
+    pub fn new() -> ServiceStats {
+        let recorder = Arc::new(PrometheusBuilder::new().build_recorder());
+        let service = |name: &'static str| counter(&recorder, name, Vec::new());
+        ServiceStats {
+            config_load_success: service("ratelimit_service_config_load_success"),
+            config_load_error: service("ratelimit_service_config_load_error"),
+            global_shadow_mode: service("ratelimit_service_global_shadow_mode"),
+            should_rate_limit_error: service("ratelimit_service_should_rate_limit_error"),
+            recorder,
+        }
+    }
+
+    /// The counters of `path` under `domain` (registered once; the same
+    /// handles on every call).
+    pub fn descriptor(&self, domain: &str, path: &str) -> DescriptorStats {
+        let labels = || {
+            vec![
+                Label::new("domain", domain.to_owned()),
+                Label::new("descriptor", path.to_owned()),
+            ]
+        };
+        let c = |name| counter(&self.recorder, name, labels());
+        DescriptorStats {
+            total_hits: c("ratelimit_service_rate_limit_total_hits"),
+            over_limit: c("ratelimit_service_rate_limit_over_limit"),
+            near_limit: c("ratelimit_service_rate_limit_near_limit"),
+            within_limit: c("ratelimit_service_rate_limit_within_limit"),
+            shadow_mode: c("ratelimit_service_rate_limit_shadow_mode"),
+        }
+    }
+
+    /// The text of `/metrics`: the counters, and the gauges of `rules`'
+    /// limits read now.
+    pub fn render(&self, rules: &Rules) -> String {
+        for rule in rules.rules() {
+            let name = format!("{}.{}", rule.domain, rule.path);
+            match rule.bucket.as_deref() {
+                Some(Bucket::Redis(limiter)) => self.redis_gauges(&name, limiter),
+                Some(bucket) => {
+                    if let Some(stats) = bucket.stats() {
+                        // The engine's own export, into this service's recorder.
+                        metrics::with_local_recorder(&*self.recorder, || stats.record(&name));
+                    }
+                }
+                None => {}
+            }
+        }
+        self.recorder.handle().render()
+    }
+
+    fn redis_gauges(&self, name: &str, limiter: &turnstile_rl::redis::RedisLimiter) {
+        let m = limiter.metrics();
+        let labels = || vec![Label::new("limiter", name.to_owned())];
+        for (metric, value) in [
+            ("turnstile_redis_calls_total", m.redis_calls),
+            ("turnstile_redis_errors_total", m.redis_errors),
+            ("turnstile_redis_timeouts_total", m.timeouts),
+            (
+                "turnstile_redis_fallback_decisions_total",
+                m.fallback_decisions,
+            ),
+            ("turnstile_redis_breaker_opened_total", m.breaker_opened),
+        ] {
+            counter(&self.recorder, metric, labels()).absolute(value);
+        }
+        let key = Key::from_parts("turnstile_redis_call_p99_seconds", labels());
+        self.recorder
+            .register_gauge(&key, &metadata())
+            .set(m.latency.p99.as_secs_f64());
+    }
+}
+
+fn metadata() -> Metadata<'static> {
+    Metadata::new(TARGET, metrics::Level::INFO, Some(TARGET))
+}
+
+fn counter(recorder: &PrometheusRecorder, name: &'static str, labels: Vec<Label>) -> Counter {
+    recorder.register_counter(&Key::from_parts(name, labels), &metadata())
+}

@@ -1,0 +1,9 @@
+//! turnstile-rls over a real tonic client on loopback, by subject, in one
+//! test binary (one link of tonic and envoy-types instead of one each).
+
+mod answers;
+mod config_errors;
+mod matching;
+mod redis_backend;
+mod reload;
+mod support;
