@@ -103,6 +103,11 @@ pub static MIGRATION_WAITED_FOR_INSERT: Probe = Probe::new();
 /// A migration retired its old table (the root swung past it) and handed
 /// it to the epoch.
 pub static TABLE_RETIRED: Probe = Probe::new();
+/// A reclaimer found a reader pinned since before a table's retirement, and
+/// left the table for a later look.
+pub static RECLAIM_WAITED_FOR_READER: Probe = Probe::new();
+/// A retired item was freed.
+pub static RECLAIM_FREED: Probe = Probe::new();
 /// An insert lost its slot's CAS (another insert filled it, or a thread
 /// going on to the successor froze it).
 pub static INSERT_LOST_SLOT: Probe = Probe::new();

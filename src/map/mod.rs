@@ -13,8 +13,6 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::hash::Hash;
 
-use crossbeam_epoch::Guard;
-
 use raw::RawMap;
 pub(crate) use raw::{Evicted, Idle, Slot};
 
@@ -77,17 +75,9 @@ impl<K> Map<K> {
 impl<K> Drop for Map<K> {
     fn drop(&mut self) {
         // `raw` frees its current table by itself; what it retired before
-        // waits in the collector for the epoch to pass. Free it now if no
-        // thread is in an operation (each pin and flush advances the epoch
-        // by one, and garbage is freed two epochs after it was sealed);
-        // otherwise the next pins of any map free it. Not under loom: it
-        // is promptness, not safety, and its atomics multiplied the models'
-        // executions by up to ten (loom frees each execution's garbage
-        // with its collector).
-        #[cfg(not(turnstile_loom))]
-        for _ in 0..3 {
-            pin::pin().flush();
-        }
+        // waits for its readers. Free it now if none holds it; otherwise
+        // the next unpins of any thread free it.
+        pin::reclaim_if_pending();
     }
 }
 
@@ -117,7 +107,7 @@ impl<K> fmt::Debug for Map<K> {
 /// lives.
 pub(crate) struct Pinned<'m, K> {
     raw: &'m RawMap<K>,
-    guard: Guard,
+    guard: pin::Guard,
 }
 
 impl<K> Pinned<'_, K> {
@@ -232,9 +222,6 @@ impl<K: Hash + Eq> Pinned<'_, K> {
                 evicted
             }
         };
-        // Push this thread's garbage to the collector and free what is old
-        // enough: without it, retired tables wait for the epoch's own pace.
-        self.guard.flush();
         evicted
     }
 
@@ -253,9 +240,6 @@ impl<K: Hash + Eq> Pinned<'_, K> {
         }
         self.raw.compact_if_sparse(&self.guard);
         evicted += self.finish_migration(idle);
-        // Hand this thread's garbage (the old table) to the collector now
-        // rather than when its local bag fills.
-        self.guard.flush();
         evicted
     }
 

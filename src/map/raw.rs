@@ -1025,18 +1025,15 @@ impl<K: Hash + Eq> RawMap<K> {
                 if t.copiers.lock().unwrap().first() != Some(&loom::thread::current().id()) {
                     crate::probe::hit(&crate::probe::ROOT_SWUNG_BY_HELPER);
                 }
-                // SAFETY: the table is unreachable from the root now;
-                // threads that loaded it earlier are pinned, and the epoch
-                // frees it only after they unpin. It drops only the keys it
-                // still owns (dead ones); copied keys are the successor's.
-                unsafe { guard.defer_destroy(table) };
+                // SAFETY: the table is unreachable from the root now, so
+                // no pin that starts later can load it; threads that loaded
+                // it earlier are pinned, and it is freed only after they
+                // unpin (see `pin`). It drops only the keys it still owns
+                // (dead ones); copied keys are the successor's, and every
+                // map's `K` is `Send`.
+                unsafe { super::pin::retire(table.as_raw().cast_mut()) };
                 #[cfg(turnstile_loom)]
                 crate::probe::hit(&crate::probe::TABLE_RETIRED);
-                // Hand it to the collector now, not when this thread's local
-                // bag fills: retired memory must not wait on a housekeeping
-                // tick (a frozen clock has none), and a bag left on a
-                // thread outlives the map.
-                guard.flush();
             }
         }
         if let Some(panic) = panicked {
