@@ -46,20 +46,21 @@ use std::cell::Cell;
 use std::marker::PhantomData;
 use std::ops::Deref;
 use std::ptr;
+use std::sync::TryLockError;
 
 use crate::sync::{fence, AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(not(turnstile_loom))]
 use std::sync::atomic::{AtomicBool, AtomicPtr};
 #[cfg(not(turnstile_loom))]
-use std::sync::{Mutex, TryLockError};
+use std::sync::Mutex;
 #[cfg(not(turnstile_loom))]
 use std::thread_local;
 
 #[cfg(turnstile_loom)]
 use loom::sync::atomic::{AtomicBool, AtomicPtr};
 #[cfg(turnstile_loom)]
-use loom::sync::{Mutex, TryLockError};
+use loom::sync::Mutex;
 #[cfg(turnstile_loom)]
 use loom::thread_local;
 
