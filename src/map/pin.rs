@@ -69,8 +69,8 @@ use loom::thread_local;
 /// when the retiring thread goes quiet (a look is one relaxed load).
 const RECLAIM_EVERY: u32 = 64;
 
-/// One thread's announcement. Records are never freed (outside loom): a
-/// thread's is taken back by the next thread that registers.
+/// One thread's announcement. Records are never freed: a thread's is taken
+/// back by the next thread that registers.
 struct Record {
     /// Odd while the owner is pinned, even otherwise; only ever grows.
     sequence: AtomicU64,
@@ -297,32 +297,16 @@ impl Domain {
     }
 }
 
-/// Under loom the domain is freed at the end of each execution, with
-/// whatever the model left retired.
-#[cfg(turnstile_loom)]
-impl Drop for Domain {
-    fn drop(&mut self) {
-        let batches = std::mem::take(&mut *self.batches.lock().unwrap());
-        for batch in batches {
-            self.free(batch.items);
-        }
-        let items = self.retired.swap(ptr::null_mut(), Ordering::Relaxed);
-        self.free(items);
-        let mut record = self.records.load(Ordering::Relaxed);
-        while !record.is_null() {
-            // SAFETY: the execution is over: no thread holds a record.
-            let r = unsafe { Box::from_raw(record) };
-            record = r.next.cast_mut();
-        }
-    }
-}
-
 #[cfg(not(turnstile_loom))]
 fn domain() -> &'static Domain {
     static DOMAIN: Domain = Domain::new();
     &DOMAIN
 }
 
+/// One domain per loom execution. Its records outlive it (leaked, as what a
+/// model leaves retired is): loom drops a thread's thread-locals after its
+/// `join` returns, so a record may be given back after the model's statics
+/// are gone.
 #[cfg(turnstile_loom)]
 fn domain() -> &'static Domain {
     loom::lazy_static! {
@@ -346,6 +330,7 @@ thread_local! {
 
 /// Gives a record back (its owner holds no pin).
 fn release(record: &'static Record) {
+    #[cfg(turnstile_loom)]
     // Release: the next owner's use of the owner-only fields comes after.
     record.in_use.store(false, Ordering::Release);
 }
