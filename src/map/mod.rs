@@ -1,9 +1,9 @@
 //! The keyed map: a safe front over the lock-free core in [`raw`].
 //!
-//! The core's methods are sound only with a guard pinned on the epoch
-//! collector the map retires its tables to (the crate's one collector, see
-//! [`pin`]); the front makes that the only way to call them: [`Map::pin`]
-//! returns a [`Pinned`] view that carries both.
+//! The core's methods are sound only under a pin of the current thread
+//! (see [`pin`]: a retired table is freed only once every pin that may
+//! hold it has ended); the front makes that the only way to call them:
+//! [`Map::pin`] returns a [`Pinned`] view that carries both.
 
 mod inflight;
 mod pin;
@@ -18,9 +18,9 @@ pub(crate) use raw::{Evicted, Idle, Slot};
 
 /// A lock-free map from keys to cells (see [`raw`] for the layout).
 ///
-/// Its retired tables, with the keys they still own, go to the crate's
-/// collector and may be dropped after the map, on any thread: every
-/// constructor asks for `K: Send + 'static`.
+/// Its retired tables, with the keys they still own, wait for the pins
+/// that may hold them and may be dropped after the map, on any thread:
+/// every constructor asks for `K: Send + 'static`.
 pub(crate) struct Map<K> {
     raw: RawMap<K>,
 }
@@ -57,7 +57,7 @@ impl<K> Map<K> {
         self.raw.len()
     }
 
-    /// Pins the epoch on the current thread, for this map.
+    /// Pins the current thread, for this map.
     #[inline]
     pub(crate) fn pin(&self) -> Pinned<'_, K> {
         Pinned {
