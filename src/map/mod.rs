@@ -214,15 +214,14 @@ impl<K: Hash + Eq> Pinned<'_, K> {
         #[cfg(turnstile_loom)]
         crate::probe::hit(&crate::probe::HOUSEKEEPING_RAN);
         let chunks = budget.div_ceil(raw::MIGRATION_CHUNK);
-        let evicted = match self.raw.help_migrate(chunks, idle, &self.guard) {
+        match self.raw.help_migrate(chunks, idle, &self.guard) {
             Some(evicted) => evicted,
             None => {
                 let evicted = self.raw.sweep(budget, idle, &self.guard);
                 self.raw.compact_if_sparse(&self.guard);
                 evicted
             }
-        };
-        evicted
+        }
     }
 
     /// Evicts every idle key now and finishes any migration, returning the

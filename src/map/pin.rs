@@ -199,7 +199,8 @@ impl Domain {
             Ok(batches) => batches,
             // A key's `Drop` panicked while a reclaimer freed its table: the
             // list is still whole (the batch being freed was removed from it
-            // first), so go on.
+            // first, and `free` pushed what it had left back on the stack),
+            // so go on.
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(TryLockError::WouldBlock) => return,
         };
@@ -281,13 +282,26 @@ impl Domain {
         }
     }
 
-    /// Frees a chain of items no reader can hold.
-    fn free(&self, mut item: *mut Retired) {
-        while !item.is_null() {
+    /// Frees a chain of items no reader can hold. If a key's `Drop`
+    /// panics, the rest of the chain goes back on the stack (to be freed by
+    /// a later look) and the panic goes on.
+    fn free(&self, item: *mut Retired) {
+        /// The chain not yet freed: pushed back if a `free` unwinds.
+        struct Rest<'d> {
+            domain: &'d Domain,
+            item: *mut Retired,
+        }
+        impl Drop for Rest<'_> {
+            fn drop(&mut self) {
+                self.domain.push_retired(self.item);
+            }
+        }
+        let mut rest = Rest { domain: self, item };
+        while !rest.item.is_null() {
             // SAFETY: the chain was taken off the stack by this reclaimer
             // and every reader that could hold an item has unpinned.
-            let retired = unsafe { Box::from_raw(item) };
-            item = retired.next;
+            let retired = unsafe { Box::from_raw(rest.item) };
+            rest.item = retired.next;
             self.pending.fetch_sub(1, Ordering::Relaxed);
             #[cfg(turnstile_loom)]
             crate::probe::hit(&crate::probe::RECLAIM_FREED);
@@ -330,7 +344,6 @@ thread_local! {
 
 /// Gives a record back (its owner holds no pin).
 fn release(record: &'static Record) {
-    #[cfg(turnstile_loom)]
     // Release: the next owner's use of the owner-only fields comes after.
     record.in_use.store(false, Ordering::Release);
 }
@@ -428,11 +441,13 @@ impl Drop for Guard {
         let sequence = record.sequence.load(Ordering::Relaxed) + 1;
         record.sequence.store(sequence, Ordering::Release);
         let countdown = record.countdown.get();
-        if countdown == 0 {
+        if countdown != 0 {
+            record.countdown.set(countdown - 1);
+        } else if !std::thread::panicking() {
+            // Not while unwinding: a key's `Drop` that panicked too would
+            // abort the process. The next unpin looks instead.
             record.countdown.set(RECLAIM_EVERY);
             reclaim_if_pending();
-        } else {
-            record.countdown.set(countdown - 1);
         }
         if self.own_record {
             release(record);

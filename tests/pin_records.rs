@@ -1,4 +1,4 @@
-//! Adversarial review of `src/map/pin.rs`: are records reused?
+//! The pin's thread records (`src/map/pin.rs`) are reused.
 //!
 //! The module says "Records are never freed: a thread's is taken back by the
 //! next thread that registers", and a pin made while the thread-local is

@@ -1,4 +1,4 @@
-//! Adversarial review of `src/map/pin.rs`'s memory bound: the retiring
+//! The pin's memory bound (`src/map/pin.rs`): the retiring
 //! thread reclaims at once, but a reader is pinned (blocked in a key's
 //! `Hash`), so the batch must wait; then the retiring thread parks for
 //! good, the reader finishes its one check and parks too. Only a third

@@ -1,7 +1,7 @@
-//! Adversarial review of `src/map/pin.rs`: a key whose `Drop` panics while
-//! a reclaimer frees a batch of several retired tables. `Domain::free`
-//! walks the batch's chain; the panic unwinds out of it. What happens to
-//! the tables after the panicking one in the chain?
+//! A key whose `Drop` panics while a reclaimer frees a batch of several
+//! retired tables (`src/map/pin.rs`): the panic unwinds out of the walk of
+//! the batch's chain, and the tables after the panicking one go back on
+//! the retired stack, freed by a later look (they leaked before).
 //!
 //! To get several tables into one batch, a first reclaimer is held inside
 //! a key's `Drop` (it holds the batches' lock), so the tables retired
