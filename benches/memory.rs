@@ -9,11 +9,11 @@
 //! 1. **Bytes per key at 1,000,000 live keys**: live heap bytes after one
 //!    check of each of 1,000,000 distinct keys, minus the live bytes before
 //!    the limiter was created, divided by 1,000,000. The figure therefore
-//!    includes the limiter's own fixed cost (for turnstile, its epoch
-//!    collector; for governor, its shards), the owned keys (a `String` key's
+//!    includes the limiter's own fixed cost (for turnstile, its pin
+//!    records; for governor, its shards), the owned keys (a `String` key's
 //!    16-byte heap buffer as well as its 24-byte header) and the map's slack
 //!    at that size (a power-of-two table is between half and fully used).
-//!    Garbage turnstile's epoch has not yet freed (old tables from growing)
+//!    Retired tables turnstile has not yet freed (old tables from growing)
 //!    counts too: it is memory the process holds. The keys are produced one
 //!    at a time into a reused buffer, so the input is not counted. Quota: 1
 //!    per hour, so no key goes idle while the others are inserted

@@ -15,8 +15,7 @@
 //! - **Every millisecond of clock time**, the first `check` that notices it
 //!   sweeps 256 slots of the table for idle keys (or, while the
 //!   table is being resized, copies that many slots instead). Every other
-//!   `check` pays one relaxed load of the next tick's time, and the step
-//!   ends by handing the thread's garbage to the epoch collector. After a
+//!   `check` pays one relaxed load of the next tick's time. After a
 //!   burst of keys goes idle, a table of `S` slots is swept in `S / 256` ms
 //!   of traffic: for a million idle `u64` keys (2M slots), the map is back
 //!   to within a few kilobytes of its baseline after about 21 s of traffic
@@ -40,15 +39,16 @@
 //!
 //! Buckets and keys live inline in the table: an eviction frees nothing by
 //! itself, it marks the slot dead, and the next migration leaves dead slots
-//! behind. A retired table (with the keys of its dead slots) is handed to
-//! the epoch collector by the migration chunk that retires it, not at the
-//! next housekeeping tick, so it is freed within a bounded number of checks
-//! even on a clock that never moves. Dropping a limiter frees everything it
+//! behind. A retired table (with the keys of its dead slots) is freed by the
+//! thread whose migration chunk retires it, as soon as that thread's pin
+//! ends and no other thread's pin may hold the table, not at the next
+//! housekeeping tick, so it is freed within a bounded number of checks even
+//! on a clock that never moves. Dropping a limiter frees everything it
 //! holds: at once if no other thread is inside an operation on any
-//! turnstile limiter at that moment; otherwise within a few hundred
-//! operations of any thread on any limiter (every limiter retires to one
-//! epoch collector, and a thread that is not inside an operation, however
-//! long it sleeps, holds nothing back).
+//! turnstile limiter at that moment; otherwise within a bounded
+//! number of operations of any thread on any limiter (every limiter retires to one
+//! reclaimer, and a thread that is not inside an operation, however long
+//! it sleeps, holds nothing back: see `map::pin`).
 //!
 //! # Progress
 //!
@@ -203,10 +203,11 @@ pub enum OverflowPolicy {
     /// exactness for bounded memory.
     ///
     /// A forgotten bucket's slot is reclaimed by the next migration, and the
-    /// retired table is freed through the epoch, so a flood also holds the
-    /// tables no thread may free yet: little while every thread runs, more
-    /// when threads outnumber cores and one is descheduled in the middle of
-    /// a check, which holds the epoch back until it runs again.
+    /// retired table is freed once no pin may hold it, so a flood also holds
+    /// the tables no thread may free yet: little while every thread runs,
+    /// more when threads outnumber cores and one is descheduled in the
+    /// middle of a check, which holds back the tables retired meanwhile
+    /// until it runs again.
     #[default]
     EvictFullest,
     /// Deny new keys until room is made (fail closed).

@@ -100,9 +100,13 @@ pub static WAITED_FOR_COPY: Probe = Probe::new();
 /// A migration's chunk met a slot claimed by an insert still writing its
 /// key, and waited for it before freezing and copying it.
 pub static MIGRATION_WAITED_FOR_INSERT: Probe = Probe::new();
-/// A migration retired its old table (the root swung past it) and handed
-/// it to the epoch.
+/// A migration retired its old table (the root swung past it).
 pub static TABLE_RETIRED: Probe = Probe::new();
+/// A reclaimer found a reader pinned since before a table's retirement, and
+/// left the table for a later look.
+pub static RECLAIM_WAITED_FOR_READER: Probe = Probe::new();
+/// A retired item was freed.
+pub static RECLAIM_FREED: Probe = Probe::new();
 /// An insert lost its slot's CAS (another insert filled it, or a thread
 /// going on to the successor froze it).
 pub static INSERT_LOST_SLOT: Probe = Probe::new();

@@ -39,8 +39,8 @@ fn limiter(clock: &ManualClock) -> Limiter {
         .build()
 }
 
-/// A thread that runs `first` (its checks, which register it with the
-/// epoch) and then sleeps until the returned sender is dropped.
+/// A thread that runs `first` (its checks, which give it a pin record)
+/// and then sleeps until the returned sender is dropped.
 fn sleeper(first: impl FnOnce() + Send + 'static) -> (mpsc::Sender<()>, thread::JoinHandle<()>) {
     let (parked_tx, parked_rx) = mpsc::channel();
     let (wake_tx, wake_rx) = mpsc::channel::<()>();
@@ -113,7 +113,7 @@ fn a_dropped_limiter_is_freed_while_a_thread_that_checked_it_sleeps() {
     let theirs = map.clone();
     let (wake, sleeping) = sleeper(move || {
         let _ = theirs.check(&1);
-        // Only its registration with the epoch stays with it.
+        // Only its pin record stays with it.
         drop(theirs);
     });
     let baseline = heap::live();
@@ -121,8 +121,8 @@ fn a_dropped_limiter_is_freed_while_a_thread_that_checked_it_sleeps() {
         let _ = map.check(&key);
     }
     assert!(heap::live() > baseline + (2 << 20), "the table grew");
-    // Every key idle: the big table is retired, and still waits in the
-    // epoch when the limiter is dropped.
+    // Every key idle: the big table is retired (and freed at once, no
+    // other thread being pinned, or by a later unpin).
     clock.advance(Duration::from_secs(3600));
     assert_eq!(map.evict_idle(), GROWN as usize);
     drop(map);

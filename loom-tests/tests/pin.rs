@@ -1,14 +1,16 @@
-//! loom models of the epoch pin (`src/map/pin.rs`): every map retires its
-//! tables to one collector, and each thread pins it through one handle in a
-//! thread-local. Under loom that collector and those handles are loom's
-//! statics and thread-locals, made afresh for each execution, so these
-//! models run the pin the crate ships, not a stand-in.
+//! loom models of the pin (`src/map/pin.rs`): every thread announces its
+//! pins in a record of its own, every map retires its tables to one stack,
+//! and a reclaimer frees a table once each record it saw pinned has moved
+//! on. Under loom the records, the stack and the thread-locals are loom's,
+//! made afresh for each execution, and both barriers are `SeqCst` fences
+//! (the form without `membarrier`), so these models run the pin the crate
+//! ships, not a stand-in.
 //!
-//! Sharing the collector means another map's operations can advance the
-//! epoch and run collection while a reader is inside a check; these models
-//! name those races and assert that an execution reached them. A table
-//! freed too early would be caught by loom itself (its cells are loom
-//! objects: touching one after it is freed fails the model).
+//! Sharing one reclaimer means another map's operations can free a table
+//! while a reader is inside a check of its own map; these models name
+//! those races and assert that an execution reached them. A table freed
+//! too early would be caught by loom itself (its cells are loom objects:
+//! touching one after it is freed fails the model).
 //!
 //! Run with `scripts/loom.sh`; without both cfgs this file compiles to
 //! nothing.
@@ -60,13 +62,19 @@ fn keyed<K: Hash + Eq + Send + Sync + 'static>(
 /// those, the drops made by a thread other than the reader while the reader
 /// was inside a check: std atomics, which loom does not model (no extra
 /// branches), read in the real order loom runs the threads in.
+/// Whether the reader is inside its check is loom's to order (below).
 static OWNED_DROPS: AtomicUsize = AtomicUsize::new(0);
 static DROPS_DURING_READ: AtomicUsize = AtomicUsize::new(0);
-static READING: AtomicBool = AtomicBool::new(false);
+loom::lazy_static! {
+    /// A loom atomic, unlike the counters: loom then orders the reader's
+    /// entry into its check against the reclaimer's drops, and explores a
+    /// free that lands inside the check.
+    static ref READING: loom::sync::atomic::AtomicBool = loom::sync::atomic::AtomicBool::new(false);
+}
 static READER: Mutex<Option<thread::ThreadId>> = Mutex::new(None);
 
 /// A key that reports when a map's copy of it is dropped: a retired table
-/// drops the keys it still owns when the epoch frees it.
+/// drops the keys it still owns when it is freed.
 #[derive(Debug)]
 struct Key {
     id: u64,
@@ -108,7 +116,7 @@ impl Drop for Key {
         }
         OWNED_DROPS.fetch_add(1, Ordering::Relaxed);
         let reader = *READER.lock().unwrap();
-        if READING.load(Ordering::Relaxed) && reader != Some(thread::current().id()) {
+        if READING.load(Ordering::SeqCst) && reader != Some(thread::current().id()) {
             DROPS_DURING_READ.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -118,17 +126,18 @@ impl Drop for Key {
 /// it runs are counted in `DROPS_DURING_READ`.
 fn reading<R>(check: impl FnOnce() -> R) -> R {
     *READER.lock().unwrap() = Some(thread::current().id());
-    READING.store(true, Ordering::Relaxed);
+    READING.store(true, Ordering::SeqCst);
     let result = check();
-    READING.store(false, Ordering::Relaxed);
+    READING.store(false, Ordering::SeqCst);
     result
 }
 
 /// A reader holding its slot of map `x` while another thread evicts the
-/// bucket, retires `x`'s table and then, through another map `z`, advances
-/// the shared epoch and collects: the reader's update meets the tombstone
-/// on memory that is still valid, and the table is freed only after the
-/// reader leaves (in some executions, before the model ends).
+/// bucket and retires `x`'s table (its unpin reclaims, and finds the reader
+/// pinned), then retires another map `z`'s tables (each unpin reclaims
+/// again): the reader's update meets the tombstone on memory that is still
+/// valid, and the table is freed only after the reader leaves (in some
+/// executions, before the model ends).
 #[test]
 fn reader_holds_its_table_while_another_map_collects() {
     static HELD: AtomicBool = AtomicBool::new(false);
@@ -149,9 +158,8 @@ fn reader_holds_its_table_while_another_map_collects() {
         let other = x.clone();
         let reclaimer = spawn(move || {
             other.evict_idle();
-            // New pins and flushes on the shared collector: the epoch
-            // moves on (a bag is freed two advances after it was sealed)
-            // and x's table is freed.
+            // Each retires one of z's tables and reclaims at its unpin:
+            // x's table is freed by whichever finds the reader gone.
             z.evict_idle();
             z.evict_idle();
         });
@@ -177,16 +185,16 @@ fn reader_holds_its_table_while_another_map_collects() {
     );
 }
 
-/// A reclaimer racing a reader's announcement on the shared collector:
-/// map `x`'s table is retired, then a reclaimer collects (through a pin of
-/// another map `z`) while the reader pins and checks a third map `y`. The
-/// reader's pin either comes first at an older epoch (the table waits) or
-/// announces the current one (the epoch moves on): in some execution the
-/// table is freed while the reader is inside its check, so one map's
-/// garbage does not wait for another map's readers to finish.
+/// A reclaimer racing a reader's announcement: one thread retires map
+/// `x`'s table and reclaims at once (its own unpin), while the reader pins
+/// and checks another map `y`. Either the reader's pin is visible to the
+/// reclaimer's scan (the table waits for it) or it is not (the table is
+/// freed at once, while the reader is inside its check: one map's garbage
+/// does not wait for another map's readers). Both happen in some execution.
 #[test]
 fn collection_races_a_readers_pin_on_another_map() {
     static RACED: AtomicBool = AtomicBool::new(false);
+    static WAITED: AtomicBool = AtomicBool::new(false);
     model(|| {
         let during = DROPS_DURING_READ.load(Ordering::Relaxed);
         let clock = ManualClock::new();
@@ -195,16 +203,15 @@ fn collection_races_a_readers_pin_on_another_map() {
         let y_clock = ManualClock::new();
         let x = keyed::<Key>(&clock);
         let y = keyed::<u64>(&y_clock);
-        let z = keyed::<u64>(&clock);
         assert!(x.check(&key(1)).is_allowed());
         assert!(x.check(&key(2)).is_allowed());
         assert!(y.check(&7).is_allowed());
-        // Both idle: the eviction's shrinking migration retires x's table
-        // (with both keys in it) and hands it to the collector.
+        // Both idle: the eviction's migration retires x's table (with both
+        // keys in it), and the evicting thread's unpin reclaims.
         clock.set(T);
-        assert_eq!(x.evict_idle(), 2);
+        let start = probe::sequence();
         let reclaimer = spawn(move || {
-            z.evict_idle();
+            assert_eq!(x.evict_idle(), 2);
         });
         assert!(reading(|| y.check(&7)).is_allowed());
         reclaimer.join().unwrap();
@@ -212,9 +219,16 @@ fn collection_races_a_readers_pin_on_another_map() {
         if DROPS_DURING_READ.load(Ordering::Relaxed) > during {
             RACED.store(true, Ordering::Relaxed);
         }
+        if probe::RECLAIM_WAITED_FOR_READER.last() > start {
+            WAITED.store(true, Ordering::Relaxed);
+        }
     });
     assert!(
         RACED.load(Ordering::Relaxed),
         "no execution freed a table while the other thread was inside a check"
+    );
+    assert!(
+        WAITED.load(Ordering::Relaxed),
+        "no execution had the reclaimer see the reader's pin and wait"
     );
 }

@@ -76,19 +76,22 @@ fn hit_since(start: usize, probe: &Probe) -> bool {
 }
 
 /// A keyed multi-limit check, denied, rolls back while another thread
-/// resets its key in limit 0 and is admitted there once. The races: the
-/// rollback finds the cell its charge landed on dead (the reset claimed
-/// it) while a new bucket holds the key; and it finds that cell frozen by
-/// a migration (loom's tables are small: reinserting the key grows one).
-#[test]
-fn keyed_rollback_races_a_reset() {
-    let since = model(|| {
+/// resets its key in limit 0 and is admitted there once. With the key
+/// already in limit 0's map (`known`), the check's charge is an update of a
+/// known cell; without, it is an insert, and may grow the table. Returns
+/// the probe sequence the model began at.
+fn keyed_rollback_races_a_reset(known: bool) -> usize {
+    model(move || {
         let start = probe::sequence();
         let limiter = Arc::new(KeyedMultiLimiter::<u64, _>::with_clock(
             QUOTAS.parse::<Quotas>().unwrap(),
             ManualClock::new(),
         ));
         assert!(limiter.limits()[1].check(&7).is_allowed());
+        if known {
+            // Forgotten by the reset, as everything before it is.
+            assert!(limiter.limits()[0].check(&7).is_allowed());
+        }
         let other = limiter.clone();
         let held = spawn(move || other.check(&7));
         let _ = limiter.limits()[0].reset(&7);
@@ -96,12 +99,28 @@ fn keyed_rollback_races_a_reset() {
         assert!(held.join().unwrap().is_denied());
         let kept = hit_since(start, &probe::ROLLBACK_FOUND_BUCKET_MOVED);
         holds_one_admission(limiter.limits()[0].peek(&7), kept);
-    });
+    })
+}
+
+/// The race: the rollback finds the cell its charge landed on dead (the
+/// reset claimed it) while a new bucket holds the key. The charge is an
+/// update: an insert could grow the table between the charge and the
+/// reset, and loom's bounded search then misses this race.
+#[test]
+fn keyed_rollback_finds_its_bucket_reset() {
+    let since = keyed_rollback_races_a_reset(true);
     reached(
         since,
         &probe::ROLLBACK_FOUND_BUCKET_DEAD,
         "a rollback finding its bucket reset",
     );
+}
+
+/// The race: the rollback finds the cell its charge landed on frozen by a
+/// migration (loom's tables are small: inserting the key grows one).
+#[test]
+fn keyed_rollback_finds_its_bucket_moved() {
+    let since = keyed_rollback_races_a_reset(false);
     reached(
         since,
         &probe::ROLLBACK_FOUND_BUCKET_MOVED,

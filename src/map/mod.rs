@@ -1,9 +1,9 @@
 //! The keyed map: a safe front over the lock-free core in [`raw`].
 //!
-//! The core's methods are sound only with a guard pinned on the epoch
-//! collector the map retires its tables to (the crate's one collector, see
-//! [`pin`]); the front makes that the only way to call them: [`Map::pin`]
-//! returns a [`Pinned`] view that carries both.
+//! The core's methods are sound only under a pin of the current thread
+//! (see [`pin`]: a retired table is freed only once every pin that may
+//! hold it has ended); the front makes that the only way to call them:
+//! [`Map::pin`] returns a [`Pinned`] view that carries both.
 
 mod inflight;
 mod pin;
@@ -13,16 +13,14 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::hash::Hash;
 
-use crossbeam_epoch::Guard;
-
 use raw::RawMap;
 pub(crate) use raw::{Evicted, Idle, Slot};
 
 /// A lock-free map from keys to cells (see [`raw`] for the layout).
 ///
-/// Its retired tables, with the keys they still own, go to the crate's
-/// collector and may be dropped after the map, on any thread: every
-/// constructor asks for `K: Send + 'static`.
+/// Its retired tables, with the keys they still own, wait for the pins
+/// that may hold them and may be dropped after the map, on any thread:
+/// every constructor asks for `K: Send + 'static`.
 pub(crate) struct Map<K> {
     raw: RawMap<K>,
 }
@@ -59,7 +57,7 @@ impl<K> Map<K> {
         self.raw.len()
     }
 
-    /// Pins the epoch on the current thread, for this map.
+    /// Pins the current thread, for this map.
     #[inline]
     pub(crate) fn pin(&self) -> Pinned<'_, K> {
         Pinned {
@@ -77,17 +75,9 @@ impl<K> Map<K> {
 impl<K> Drop for Map<K> {
     fn drop(&mut self) {
         // `raw` frees its current table by itself; what it retired before
-        // waits in the collector for the epoch to pass. Free it now if no
-        // thread is in an operation (each pin and flush advances the epoch
-        // by one, and garbage is freed two epochs after it was sealed);
-        // otherwise the next pins of any map free it. Not under loom: it
-        // is promptness, not safety, and its atomics multiplied the models'
-        // executions by up to ten (loom frees each execution's garbage
-        // with its collector).
-        #[cfg(not(turnstile_loom))]
-        for _ in 0..3 {
-            pin::pin().flush();
-        }
+        // waits for its readers. Free it now if none holds it; otherwise
+        // the next unpins of any thread free it.
+        pin::reclaim_if_pending();
     }
 }
 
@@ -117,7 +107,7 @@ impl<K> fmt::Debug for Map<K> {
 /// lives.
 pub(crate) struct Pinned<'m, K> {
     raw: &'m RawMap<K>,
-    guard: Guard,
+    guard: pin::Guard,
 }
 
 impl<K> Pinned<'_, K> {
@@ -224,18 +214,14 @@ impl<K: Hash + Eq> Pinned<'_, K> {
         #[cfg(turnstile_loom)]
         crate::probe::hit(&crate::probe::HOUSEKEEPING_RAN);
         let chunks = budget.div_ceil(raw::MIGRATION_CHUNK);
-        let evicted = match self.raw.help_migrate(chunks, idle, &self.guard) {
+        match self.raw.help_migrate(chunks, idle, &self.guard) {
             Some(evicted) => evicted,
             None => {
                 let evicted = self.raw.sweep(budget, idle, &self.guard);
                 self.raw.compact_if_sparse(&self.guard);
                 evicted
             }
-        };
-        // Push this thread's garbage to the collector and free what is old
-        // enough: without it, retired tables wait for the epoch's own pace.
-        self.guard.flush();
-        evicted
+        }
     }
 
     /// Evicts every idle key now and finishes any migration, returning the
@@ -253,9 +239,6 @@ impl<K: Hash + Eq> Pinned<'_, K> {
         }
         self.raw.compact_if_sparse(&self.guard);
         evicted += self.finish_migration(idle);
-        // Hand this thread's garbage (the old table) to the collector now
-        // rather than when its local bag fills.
-        self.guard.flush();
         evicted
     }
 

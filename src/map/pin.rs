@@ -1,65 +1,543 @@
-//! Pinning the epoch on any thread, cheaply: one collector for every map.
+//! Pinning the maps' tables on any thread without a locked instruction,
+//! and freeing the tables they retire once no thread can hold them.
 //!
-//! Every map of the process retires its tables to one collector of the
-//! crate's own, and each thread keeps one handle on it in a thread-local,
-//! so a pin is a thread-local access and crossbeam's own pin, whatever the
-//! number of maps a thread uses (issue 22: a collector per map, with a
-//! cache of 8 handles per thread, re-registered and allocated on every
-//! check of a ninth map, 390 ns instead of 20).
+//! A check pins, reads the map's root table, updates one cell and unpins.
+//! crossbeam-epoch's pin is a `lock cmpxchg` (a full fence, so the
+//! reclaimer sees the pin before the reader reads a pointer): about a fifth
+//! of a check (issue 22's profile). This is the same protocol with that
+//! fence moved to the side that runs once per retired table, the
+//! reclaimer, as liburcu's default flavour does:
 //!
-//! Why one collector is enough: a map's garbage waits only on threads
-//! pinned *now*, and every pin in this crate lasts one operation (a check,
-//! a batch, a multi-limit check, a housekeeping step: none sleeps, and the
-//! only user code inside one is a key's `Hash`, `Eq`, `Clone` and `Drop`),
-//! so sharing the epoch with other maps delays a retired table by the
-//! length of an operation, not of a map's life. The handle of a thread
-//! that sleeps is not pinned and holds nothing back, and its own bag holds
-//! no table (a retired table is flushed to the collector at once), so
-//! nothing needs to forget a dropped map. A collector of our own, not
-//! crossbeam's default: another library's long pin or slow deferred drop
-//! never stalls a check.
+//! - **Pin**: a thread stores an odd sequence number in its record, then a
+//!   *light* barrier (a compiler fence) before it reads any table pointer.
+//!   **Unpin**: it stores the next, even number (`Release`, so everything
+//!   it read comes before).
+//! - **Retire**: a table unreachable from its map's root is pushed on one
+//!   stack. **Reclaim**: a thread takes the stack, runs a *heavy* barrier
+//!   (`membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`: every running thread
+//!   of the process executes a full fence), then notes every record holding
+//!   an odd number. The batch is freed once each of those records has moved
+//!   on from the number noted.
 //!
-//! Under loom the same code runs with loom's statics and thread-locals,
-//! which loom makes afresh for every execution, so each model explores this
-//! very pin, with a collector of its own.
+//! Why that is enough: the table was unlinked before the heavy barrier. A
+//! reader whose pin was not visible to the scan made that store after the
+//! barrier's fence on its core, so its read of the root comes after it too
+//! and finds the successor; a reader whose pin was visible is waited for.
+//! A record's numbers only grow, so "moved on" cannot be confused with a
+//! later pin. Where `membarrier` is missing (not Linux, a seccomp filter, an
+//! old kernel), under Miri and under loom, both barriers are `SeqCst`
+//! fences: the reader pays what crossbeam's pin pays, and the argument is
+//! C++'s fence-to-fence rule. The loom models run that form; the two forms
+//! differ only in who executes the reader's fence.
+//!
+//! A thread that sleeps holds an even number and holds nothing back, so
+//! memory stays bounded whatever threads do; a pin lasts one operation
+//! (a check, a batch, a multi-limit check, a housekeeping step), the only
+//! user code inside one being a key's `Hash`, `Eq`, `Clone` and `Drop`.
+//! Retired tables are freed by the retiring thread's next unpin, or by any
+//! thread's unpin within [`RECLAIM_EVERY`] of its own.
+//!
+//! The map still uses crossbeam-epoch's `Atomic` and `Shared` for its table
+//! pointers; their guard parameter is crossbeam's unprotected guard, which
+//! only [`Guard`] hands out, so a `Shared` cannot outlive the pin it was
+//! loaded under.
 
-use crossbeam_epoch::{Collector, Guard, LocalHandle};
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::ops::Deref;
+use std::ptr;
+use std::sync::TryLockError;
 
+use crate::sync::{fence, AtomicU64, AtomicUsize, Ordering};
+
+#[cfg(not(turnstile_loom))]
+use std::sync::atomic::{AtomicBool, AtomicPtr};
+#[cfg(not(turnstile_loom))]
+use std::sync::Mutex;
 #[cfg(not(turnstile_loom))]
 use std::thread_local;
 
 #[cfg(turnstile_loom)]
+use loom::sync::atomic::{AtomicBool, AtomicPtr};
+#[cfg(turnstile_loom)]
+use loom::sync::Mutex;
+#[cfg(turnstile_loom)]
 use loom::thread_local;
 
-/// The crate's collector, made on first use and never dropped.
-#[cfg(not(turnstile_loom))]
-fn collector() -> &'static Collector {
-    static COLLECTOR: std::sync::OnceLock<Collector> = std::sync::OnceLock::new();
-    COLLECTOR.get_or_init(Collector::new)
+/// Unpins between two looks at the retired stack by a thread that retired
+/// nothing itself: bounds how long a retired table outlives its last reader
+/// when the retiring thread goes quiet (a look is one relaxed load).
+const RECLAIM_EVERY: u32 = 64;
+
+/// One thread's announcement. Records are never freed: a thread's is taken
+/// back by the next thread that registers.
+struct Record {
+    /// Odd while the owner is pinned, even otherwise; only ever grows.
+    sequence: AtomicU64,
+    /// Whether a thread owns this record.
+    in_use: AtomicBool,
+    /// The next record of the registry (fixed once the record is linked).
+    next: *const Record,
+    /// Nesting depth of the owner's pins (owner only).
+    depth: Cell<u32>,
+    /// Unpins left before the owner looks at the retired stack (owner only).
+    countdown: Cell<u32>,
+    /// Whether the owner's pins may use the light barrier (owner only,
+    /// copied from [`expedited`] when the record is taken).
+    light: Cell<bool>,
 }
 
-/// One collector per loom execution (loom drops its statics when the
-/// execution ends, which frees what the model left behind).
-#[cfg(turnstile_loom)]
-fn collector() -> &'static Collector {
-    loom::lazy_static! {
-        static ref COLLECTOR: Collector = Collector::new();
+// SAFETY: `sequence`, `in_use` and `next` are shared (atomics, or fixed
+// before the record is published); `depth`, `countdown` and `light` are
+// touched only by the thread that owns the record (`in_use`, taken with
+// `Acquire` and given back with `Release`), so no two threads access them
+// at once.
+unsafe impl Sync for Record {}
+// SAFETY: as for `Sync`; the raw `next` points into the registry, which
+// outlives every record.
+unsafe impl Send for Record {}
+
+/// A table (or anything else) waiting for its last reader.
+struct Retired {
+    ptr: *mut (),
+    free: unsafe fn(*mut ()),
+    next: *mut Retired,
+}
+
+/// Retired items taken off the stack, and the pins they wait for.
+struct Batch {
+    items: *mut Retired,
+    readers: Vec<(&'static Record, u64)>,
+}
+
+// SAFETY: a batch owns its items (unreachable by anyone else since they
+// were taken off the stack), whose contents are `Send` (see `retire`).
+unsafe impl Send for Batch {}
+
+/// Everything shared: one per process (one per execution under loom).
+struct Domain {
+    /// Every record ever registered, newest first.
+    records: AtomicPtr<Record>,
+    /// Retired items not yet taken by a reclaimer.
+    retired: AtomicPtr<Retired>,
+    /// Items retired and not yet freed: what a thread's look checks.
+    pending: AtomicUsize,
+    /// Batches waiting for readers; `try_lock`ed, so reclaiming never
+    /// waits for another reclaimer.
+    batches: Mutex<Vec<Batch>>,
+}
+
+impl Domain {
+    #[cfg(not(turnstile_loom))]
+    const fn new() -> Self {
+        Domain {
+            records: AtomicPtr::new(ptr::null_mut()),
+            retired: AtomicPtr::new(ptr::null_mut()),
+            pending: AtomicUsize::new(0),
+            batches: Mutex::new(Vec::new()),
+        }
     }
-    &COLLECTOR
+
+    #[cfg(turnstile_loom)]
+    fn new() -> Self {
+        Domain {
+            records: AtomicPtr::new(ptr::null_mut()),
+            retired: AtomicPtr::new(ptr::null_mut()),
+            pending: AtomicUsize::new(0),
+            batches: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A record for the calling thread: a free one if any, else a new one.
+    fn register(&'static self) -> &'static Record {
+        let mut record = self.records.load(Ordering::Acquire);
+        while !record.is_null() {
+            // SAFETY: records are never freed while the domain lives.
+            let r = unsafe { &*record };
+            if !r.in_use.load(Ordering::Relaxed)
+                && r.in_use
+                    .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                r.light.set(expedited());
+                return r;
+            }
+            record = r.next.cast_mut();
+        }
+        let record = Box::into_raw(Box::new(Record {
+            sequence: AtomicU64::new(0),
+            in_use: AtomicBool::new(true),
+            next: ptr::null(),
+            depth: Cell::new(0),
+            countdown: Cell::new(RECLAIM_EVERY),
+            light: Cell::new(expedited()),
+        }));
+        let mut head = self.records.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: not yet published: this thread owns it.
+            unsafe { (*record).next = head };
+            // Release: publishes the record's fields to every scan.
+            match self.records.compare_exchange_weak(
+                head,
+                record,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(actual) => head = actual,
+            }
+        }
+        // SAFETY: published, and never freed while the domain lives.
+        unsafe { &*record }
+    }
+
+    /// Frees every batch whose readers have all moved on, after taking the
+    /// retired stack as a new batch. Returns at once if another thread is
+    /// reclaiming.
+    fn reclaim(&'static self) {
+        let mut batches = match self.batches.try_lock() {
+            Ok(batches) => batches,
+            // A key's `Drop` panicked while a reclaimer freed its table: the
+            // list is still whole (the batch being freed was removed from it
+            // first, and `free` pushed what it had left back on the stack),
+            // so go on.
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        if !self.retired.load(Ordering::Relaxed).is_null() {
+            // Acquire: the items' unlinking happens before the barrier.
+            let items = self.retired.swap(ptr::null_mut(), Ordering::Acquire);
+            if heavy_barrier() {
+                batches.push(Batch {
+                    items,
+                    readers: self.pinned_readers(),
+                });
+            } else {
+                // Without the barrier no pin can be trusted: keep the items
+                // retired (leaked, if the barrier never works again).
+                self.push_retired(items);
+            }
+        }
+        let mut index = 0;
+        while index < batches.len() {
+            // Acquire: a number that moved on was stored (`Release`) after
+            // its reader's last access to the batch's items.
+            batches[index]
+                .readers
+                .retain(|(record, seen)| record.sequence.load(Ordering::Acquire) == *seen);
+            if batches[index].readers.is_empty() {
+                let batch = batches.swap_remove(index);
+                self.free(batch.items);
+            } else {
+                #[cfg(turnstile_loom)]
+                crate::probe::hit(&crate::probe::RECLAIM_WAITED_FOR_READER);
+                index += 1;
+            }
+        }
+    }
+
+    /// Every record pinned now, with its number.
+    fn pinned_readers(&self) -> Vec<(&'static Record, u64)> {
+        let mut readers = Vec::new();
+        let mut record = self.records.load(Ordering::Acquire);
+        while !record.is_null() {
+            // SAFETY: records are never freed while the domain lives.
+            let r: &'static Record = unsafe { &*record };
+            let sequence = r.sequence.load(Ordering::Acquire);
+            if sequence % 2 == 1 {
+                readers.push((r, sequence));
+            }
+            record = r.next.cast_mut();
+        }
+        readers
+    }
+
+    /// Pushes a chain of retired items (ending in null) on the stack.
+    fn push_retired(&self, first: *mut Retired) {
+        if first.is_null() {
+            return;
+        }
+        let mut last = first;
+        // SAFETY: the chain is owned by the caller until pushed.
+        unsafe {
+            while !(*last).next.is_null() {
+                last = (*last).next;
+            }
+        }
+        let mut head = self.retired.load(Ordering::Relaxed);
+        loop {
+            // SAFETY: as above.
+            unsafe { (*last).next = head };
+            // Release: the item's unlinking (sequenced before the push) is
+            // seen by the reclaimer that takes it.
+            match self.retired.compare_exchange_weak(
+                head,
+                first,
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(actual) => head = actual,
+            }
+        }
+    }
+
+    /// Frees a chain of items no reader can hold. If a key's `Drop`
+    /// panics, the rest of the chain goes back on the stack (to be freed by
+    /// a later look) and the panic goes on.
+    fn free(&self, item: *mut Retired) {
+        /// The chain not yet freed: pushed back if a `free` unwinds.
+        struct Rest<'d> {
+            domain: &'d Domain,
+            item: *mut Retired,
+        }
+        impl Drop for Rest<'_> {
+            fn drop(&mut self) {
+                self.domain.push_retired(self.item);
+            }
+        }
+        let mut rest = Rest { domain: self, item };
+        while !rest.item.is_null() {
+            // SAFETY: the chain was taken off the stack by this reclaimer
+            // and every reader that could hold an item has unpinned.
+            let retired = unsafe { Box::from_raw(rest.item) };
+            rest.item = retired.next;
+            self.pending.fetch_sub(1, Ordering::Relaxed);
+            #[cfg(turnstile_loom)]
+            crate::probe::hit(&crate::probe::RECLAIM_FREED);
+            // SAFETY: `free` is the function `retire` paired with `ptr`.
+            unsafe { (retired.free)(retired.ptr) };
+        }
+    }
+}
+
+#[cfg(not(turnstile_loom))]
+fn domain() -> &'static Domain {
+    static DOMAIN: Domain = Domain::new();
+    &DOMAIN
+}
+
+/// One domain per loom execution. Its records outlive it (leaked, as what a
+/// model leaves retired is): loom drops a thread's thread-locals after its
+/// `join` returns, so a record may be given back after the model's statics
+/// are gone.
+#[cfg(turnstile_loom)]
+fn domain() -> &'static Domain {
+    loom::lazy_static! {
+        static ref DOMAIN: Domain = Domain::new();
+    }
+    &DOMAIN
+}
+
+/// This thread's record, given back when the thread exits.
+struct Local(&'static Record);
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        release(self.0);
+    }
 }
 
 thread_local! {
-    /// This thread's registration: made (and allocated) once per thread,
-    /// unregistered when the thread exits.
-    static HANDLE: LocalHandle = collector().register();
+    static LOCAL: Local = Local(domain().register());
 }
 
-/// Pins the crate's collector on the current thread.
+/// Gives a record back (its owner holds no pin).
+fn release(record: &'static Record) {
+    // Release: the next owner's use of the owner-only fields comes after.
+    record.in_use.store(false, Ordering::Release);
+}
+
+/// A pin of the current thread: tables loaded under it stay allocated
+/// until it is dropped. Not `Send`: it is one thread's announcement.
+pub(crate) struct Guard {
+    record: &'static Record,
+    /// A record taken for this pin alone (the thread-local was gone).
+    own_record: bool,
+    _not_send: PhantomData<*mut ()>,
+}
+
+/// Pins the current thread.
 #[inline]
 pub(crate) fn pin() -> Guard {
-    HANDLE
-        .try_with(LocalHandle::pin)
+    match LOCAL.try_with(|local| local.0) {
+        Ok(record) => enter(record, false),
         // The thread-local is gone while the thread exits (a key dropped by
-        // another thread-local's destructor): a handle for this pin only.
-        .unwrap_or_else(|_| collector().register().pin())
+        // another thread-local's destructor): a record for this pin only.
+        Err(_) => enter(domain().register(), true),
+    }
+}
+
+#[inline]
+fn enter(record: &'static Record, own_record: bool) -> Guard {
+    let depth = record.depth.get();
+    record.depth.set(depth + 1);
+    if depth == 0 {
+        // Only this thread stores to its record: the load sees its last
+        // store. Release: a reclaimer that reads this number also sees
+        // everything this thread did in its earlier pins.
+        let sequence = record.sequence.load(Ordering::Relaxed) + 1;
+        record.sequence.store(sequence, Ordering::Release);
+        light_barrier(record.light.get());
+    }
+    Guard {
+        record,
+        own_record,
+        _not_send: PhantomData,
+    }
+}
+
+impl Deref for Guard {
+    type Target = crossbeam_epoch::Guard;
+
+    /// The guard crossbeam's `Atomic` and `Shared` take, for as long as
+    /// this pin lives.
+    #[inline]
+    fn deref(&self) -> &crossbeam_epoch::Guard {
+        // SAFETY: the unprotected guard defers nothing (its `defer` runs at
+        // once, and the map never defers through it: tables are retired
+        // with `Guard::retire`), and the pointers loaded through it stay
+        // allocated while this pin lives, by the protocol above.
+        unsafe { crossbeam_epoch::unprotected() }
+    }
+}
+
+/// Retires `table`: it is freed (`Owned::from_raw`, then dropped) once
+/// every thread pinned now has unpinned, at the latest on this thread's
+/// next unpin that finds no such thread.
+///
+/// # Safety
+/// The caller is pinned; `table` is unreachable for any pin that starts
+/// from now on, came from `Owned`, is retired once, and may be dropped on
+/// any thread.
+pub(crate) unsafe fn retire<T>(table: *mut T) {
+    unsafe fn free<T>(ptr: *mut ()) {
+        // SAFETY: `retire`'s contract.
+        drop(unsafe { crossbeam_epoch::Owned::from_raw(ptr.cast::<T>()) });
+    }
+    let item = Box::into_raw(Box::new(Retired {
+        ptr: table.cast(),
+        free: free::<T>,
+        next: ptr::null_mut(),
+    }));
+    let domain = domain();
+    domain.pending.fetch_add(1, Ordering::Relaxed);
+    domain.push_retired(item);
+    // Look at the stack on this thread's next unpin (if its record is
+    // gone, another thread's look finds it).
+    let _ = LOCAL.try_with(|local| local.0.countdown.set(0));
+}
+
+impl Drop for Guard {
+    #[inline]
+    fn drop(&mut self) {
+        let record = self.record;
+        let depth = record.depth.get() - 1;
+        record.depth.set(depth);
+        if depth != 0 {
+            return;
+        }
+        // Release: every read of this pin comes before a reclaimer's free.
+        let sequence = record.sequence.load(Ordering::Relaxed) + 1;
+        record.sequence.store(sequence, Ordering::Release);
+        let countdown = record.countdown.get();
+        if countdown != 0 {
+            record.countdown.set(countdown - 1);
+        } else if !std::thread::panicking() {
+            // Not while unwinding: a key's `Drop` that panicked too would
+            // abort the process. The next unpin looks instead.
+            record.countdown.set(RECLAIM_EVERY);
+            reclaim_if_pending();
+        }
+        if self.own_record {
+            release(record);
+        }
+    }
+}
+
+/// Frees what retired tables no reader holds, if there are any.
+#[cold]
+pub(crate) fn reclaim_if_pending() {
+    let domain = domain();
+    if domain.pending.load(Ordering::Relaxed) != 0 {
+        domain.reclaim();
+    }
+}
+
+/// The reader's half: orders the pin's store before the reads after it.
+#[inline(always)]
+fn light_barrier(light: bool) {
+    if light {
+        std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    } else {
+        fence(Ordering::SeqCst);
+    }
+}
+
+/// The reclaimer's half: a full fence on every running thread (or its own,
+/// when the readers fence themselves). False if the barrier failed, so no
+/// pin can be trusted.
+fn heavy_barrier() -> bool {
+    if expedited() {
+        membarrier::private_expedited()
+    } else {
+        fence(Ordering::SeqCst);
+        true
+    }
+}
+
+/// Whether readers may use the light barrier: `membarrier`'s private
+/// expedited command registered for this process. Decided once, before
+/// the first record exists, and read by readers and reclaimers alike.
+fn expedited() -> bool {
+    #[cfg(all(target_os = "linux", not(miri), not(turnstile_loom)))]
+    {
+        static EXPEDITED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *EXPEDITED.get_or_init(membarrier::register)
+    }
+    #[cfg(not(all(target_os = "linux", not(miri), not(turnstile_loom))))]
+    false
+}
+
+#[cfg(all(target_os = "linux", not(miri), not(turnstile_loom)))]
+mod membarrier {
+    // From linux/membarrier.h.
+    const CMD_QUERY: libc::c_long = 0;
+    const CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+    const CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+
+    fn membarrier(cmd: libc::c_long) -> libc::c_long {
+        // SAFETY: membarrier takes two integers and touches no memory of
+        // ours; an unknown command is an error return, not UB.
+        unsafe {
+            libc::syscall(
+                libc::SYS_membarrier,
+                cmd,
+                0 as libc::c_long,
+                0 as libc::c_long,
+            )
+        }
+    }
+
+    /// Registers the process for the private expedited command; false if
+    /// the kernel lacks it or a filter refuses it.
+    pub(super) fn register() -> bool {
+        let supported = membarrier(CMD_QUERY);
+        supported >= 0
+            && supported & CMD_PRIVATE_EXPEDITED != 0
+            && membarrier(CMD_REGISTER_PRIVATE_EXPEDITED) == 0
+    }
+
+    /// A full fence on every running thread of the process.
+    pub(super) fn private_expedited() -> bool {
+        membarrier(CMD_PRIVATE_EXPEDITED) == 0
+    }
+}
+
+#[cfg(not(all(target_os = "linux", not(miri), not(turnstile_loom))))]
+mod membarrier {
+    /// Never called: `expedited()` is false without membarrier.
+    pub(super) fn private_expedited() -> bool {
+        false
+    }
 }

@@ -1,6 +1,7 @@
 //! The unsafe core of the keyed map: an open-addressed table whose slots
 //! hold each bucket's cell and key inline, grown (and shrunk) by
-//! cooperative, incremental migration, on `crossbeam-epoch`.
+//! cooperative, incremental migration; retired tables are freed once no
+//! pin can hold them (`super::pin`).
 //!
 //! # Why this design
 //!
@@ -63,7 +64,7 @@
 //! into the successor; from the COPIED mark on, the successor owns it and
 //! the old table does not drop it. Dead slots (TOMBSTONE) keep their key
 //! until a migration leaves them behind; the old table, retired through the
-//! epoch, then drops the keys it still owns (`Table`'s `Drop`). So nothing
+//! pin (`super::pin`), then drops the keys it still owns (`Table`'s `Drop`). So nothing
 //! is freed per eviction, nothing is freed twice, and no reader ever
 //! compares against freed memory. A table is zeroed memory (EMPTY is `0`),
 //! which the OS maps lazily: starting a migration does not write the whole
@@ -78,7 +79,7 @@
 //! one thread (a `fetch_add` on a cursor), which evicts idle buckets,
 //! freezes every slot and copies the live ones. The thread that finishes
 //! the last chunk swings the root to the successor and retires the old
-//! table through the epoch. A successor migrates only after it has become
+//! table (`super::pin::retire`). A successor migrates only after it has become
 //! the root, so there are at most two tables at a time.
 //!
 //! # Sizing a successor
@@ -431,8 +432,8 @@ enum Move {
     Lost,
 }
 
-/// The map's shared state. All methods take a `Guard` pinned on the map's
-/// collector (the safe front, `super::Map`, makes sure of that).
+/// The map's shared state. All methods take the guard of a pin of the
+/// current thread (the safe front, `super::Map`, makes sure of that).
 pub(crate) struct RawMap<K> {
     root: Atomic<Table<K>>,
     /// Live (not dead) buckets in all tables. Padded: inserts write it,
@@ -484,7 +485,7 @@ impl<K> RawMap<K> {
     /// Slots in the current root table (for tests and memory accounting).
     pub(crate) fn capacity(&self, guard: &Guard) -> usize {
         // SAFETY: the root is never null and is retired only through the
-        // epoch, which `guard` holds off.
+        // pin, which waits for `guard`'s.
         unsafe { self.root.load(Ordering::Acquire, guard).deref() }.capacity()
     }
 
@@ -495,7 +496,7 @@ impl<K> RawMap<K> {
     #[inline]
     pub(crate) fn prefetch_slot(&self, hash: u64, guard: &Guard) {
         // SAFETY: as in `capacity`: the root is never null and is retired
-        // only through the epoch, which `guard` holds off.
+        // only through the pin, which waits for `guard`'s.
         let t = unsafe { self.root.load(Ordering::Acquire, guard).deref() };
         prefetch(std::ptr::from_ref(&t.slots[hash as usize & t.mask]).cast());
     }
@@ -543,7 +544,7 @@ impl<K: Hash + Eq> RawMap<K> {
         let mut table = self.root.load(Ordering::Acquire, guard);
         loop {
             // SAFETY: tables are reached from the root or a `next` pointer
-            // and retired only through the epoch, which `guard` holds off.
+            // and retired only through the pin, which waits for `guard`'s.
             let t = unsafe { table.deref() };
             let mut index = hash as usize & t.mask;
             let mut probed = 0;
@@ -705,7 +706,7 @@ impl<K: Hash + Eq> RawMap<K> {
                     "a frozen bucket in a table with no successor"
                 );
                 // SAFETY: checked non-null; the successor is retired only
-                // through the epoch, which `guard` holds off.
+                // through the pin, which waits for `guard`'s.
                 if let Some(next) = unsafe { next.as_ref() } {
                     if self.move_bucket(slot, next, state, hash) == Move::CopiedHere {
                         #[cfg(turnstile_loom)]
@@ -1025,18 +1026,15 @@ impl<K: Hash + Eq> RawMap<K> {
                 if t.copiers.lock().unwrap().first() != Some(&loom::thread::current().id()) {
                     crate::probe::hit(&crate::probe::ROOT_SWUNG_BY_HELPER);
                 }
-                // SAFETY: the table is unreachable from the root now;
-                // threads that loaded it earlier are pinned, and the epoch
-                // frees it only after they unpin. It drops only the keys it
-                // still owns (dead ones); copied keys are the successor's.
-                unsafe { guard.defer_destroy(table) };
+                // SAFETY: the table is unreachable from the root now, so
+                // no pin that starts later can load it; threads that loaded
+                // it earlier are pinned, and it is freed only after they
+                // unpin (see `pin`). It drops only the keys it still owns
+                // (dead ones); copied keys are the successor's, and every
+                // map's `K` is `Send`.
+                unsafe { super::pin::retire(table.as_raw().cast_mut()) };
                 #[cfg(turnstile_loom)]
                 crate::probe::hit(&crate::probe::TABLE_RETIRED);
-                // Hand it to the collector now, not when this thread's local
-                // bag fills: retired memory must not wait on a housekeeping
-                // tick (a frozen clock has none), and a bag left on a
-                // thread outlives the map.
-                guard.flush();
             }
         }
         if let Some(panic) = panicked {
