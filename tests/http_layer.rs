@@ -940,3 +940,145 @@ fn policy_names_must_match_the_quotas() {
         "{error}"
     );
 }
+
+/// `RateLimit-Policy` as (name, q, w) items.
+fn policy_items(response: &reqwest::Response) -> Vec<(String, u64, u64)> {
+    let value = header(response, "ratelimit-policy").expect("RateLimit-Policy");
+    value
+        .split(", ")
+        .map(|item| {
+            let mut parts = item.split(';');
+            let name = parts.next().expect("name").to_owned();
+            let mut param = |key: &str| -> u64 {
+                let part = parts.next().expect("parameter");
+                let value = part.strip_prefix(key).expect("key");
+                value.parse().expect("integer")
+            };
+            let q = param("q=");
+            let w = param("w=");
+            (name, q, w)
+        })
+        .collect()
+}
+
+/// Issue 24, item 3: `q` is what `r` counts down from, for every limiter.
+/// A sequence of requests (the clock moving between rounds) against
+/// single-limit layers (keyed and direct) and multi-limit layers (keyed
+/// and global): on every response, 200 or 429, `r` is at most the `q` of
+/// the policy `RateLimit` names, and each item of a multi-limit layer's
+/// policy is what a single-limit layer of that quota says.
+#[tokio::test]
+async fn remaining_never_exceeds_the_advertised_quota() {
+    let clock = ManualClock::new();
+    let quota = |text: &str| -> Quota { text.parse().expect("quota") };
+    let singles = ["10/s burst 20", "30/min", "3/s", "1/min burst 5"];
+    // (quota, keyed layer URL, direct layer URL)
+    let mut single_urls = Vec::new();
+    for text in singles {
+        let keyed = KeyedLimiter::<HttpKey>::builder(quota(text))
+            .clock(clock.clone())
+            .build();
+        let direct = turnstile_rl::DirectLimiter::with_clock(quota(text), clock.clone());
+        let keyed = RateLimitLayer::builder(keyed).key(api_key()).build();
+        let direct = RateLimitLayer::builder(direct).key(api_key()).build();
+        single_urls.push((
+            text,
+            serve(one_route(keyed.expect("layer"))).await,
+            serve(one_route(direct.expect("layer"))).await,
+        ));
+    }
+    let keyed_multi = KeyedMultiLimiter::<HttpKey, _>::with_clock(
+        "10/s burst 20; 30/min".parse().expect("quotas"),
+        clock.clone(),
+    );
+    let global_multi = turnstile_rl::MultiLimiter::with_clock(
+        "3/s; 1/min burst 5".parse().expect("quotas"),
+        clock.clone(),
+    );
+    let keyed_multi = RateLimitLayer::builder(keyed_multi)
+        .name("m")
+        .key(api_key());
+    let global_multi = RateLimitLayer::builder(global_multi)
+        .name("m")
+        .key(api_key());
+    let multis = [
+        (
+            ["10/s burst 20", "30/min"],
+            serve(one_route(keyed_multi.build().expect("layer"))).await,
+        ),
+        (
+            ["3/s", "1/min burst 5"],
+            serve(one_route(global_multi.build().expect("layer"))).await,
+        ),
+    ];
+
+    // What a single-limit layer advertises for each quota: (q, w).
+    let mut advertised = std::collections::HashMap::new();
+    let k1: Headers = &[("x-api-key", b"k1")];
+    for (text, keyed, direct) in &single_urls {
+        let keyed = policy_items(&get_with(keyed, k1).await);
+        let direct = policy_items(&get_with(direct, k1).await);
+        assert_eq!(keyed, direct, "{text}: keyed and direct disagree");
+        assert_eq!(keyed.len(), 1, "{text}");
+        advertised.insert(*text, (keyed[0].1, keyed[0].2));
+    }
+    // The issue's case: the burst, over the time it takes to refill.
+    assert_eq!(advertised["10/s burst 20"], (20, 2));
+    assert_eq!(advertised["3/s"], (3, 1));
+
+    let urls = single_urls
+        .iter()
+        .flat_map(|(_, keyed, direct)| [keyed, direct])
+        .chain(multis.iter().map(|(_, url)| url));
+    let urls: Vec<&String> = urls.collect();
+    // Per URL: responses admitted, denied, and the policies that bound.
+    let mut seen = vec![(0, 0, std::collections::BTreeSet::new()); urls.len()];
+    for round in 0..8 {
+        for _ in 0..10 {
+            for (i, url) in urls.iter().enumerate() {
+                let response = get_with(url, k1).await;
+                let items = policy_items(&response);
+                let rate = header(&response, "ratelimit").expect("RateLimit");
+                let (name, rest) = rate.split_once(";r=").expect("r");
+                let remaining: u64 = rest.split(';').next().unwrap().parse().expect("r");
+                let (_, q, _) = items
+                    .iter()
+                    .find(|(item, ..)| item == name)
+                    .unwrap_or_else(|| panic!("{rate} names no policy of {items:?}"));
+                assert!(
+                    remaining <= *q,
+                    "round {round}, {url}: {rate} beside {items:?}"
+                );
+                match response.status() {
+                    StatusCode::OK => seen[i].0 += 1,
+                    StatusCode::TOO_MANY_REQUESTS => seen[i].1 += 1,
+                    other => panic!("{url}: {other}"),
+                }
+                seen[i].2.insert(name.to_owned());
+            }
+        }
+        clock.advance(Duration::from_millis(300));
+    }
+    for (url, (admitted, denied, _)) in urls.iter().zip(&seen) {
+        assert!(
+            *admitted > 0 && *denied > 0,
+            "{url}: {admitted} admitted, {denied} denied"
+        );
+    }
+
+    // Each multi-limit policy item is its single-limit counterpart's.
+    for (at, (quotas, url)) in multis.iter().enumerate() {
+        let items = policy_items(&get_with(url, k1).await);
+        let want: Vec<(String, u64, u64)> = quotas
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                let (q, w) = advertised[text];
+                (format!("\"m-{i}\""), q, w)
+            })
+            .collect();
+        assert_eq!(items, want, "{quotas:?}");
+        let bound = &seen[urls.len() - multis.len() + at].2;
+        assert_eq!(bound.len(), 2, "{quotas:?}: only {bound:?} ever bound");
+    }
+}
