@@ -324,7 +324,7 @@ async fn bad_keys_are_refused_or_fall_back_never_panic() {
     // A garbage forwarded header from a trusted proxy: refused...
     let garbage: &[&[u8]] = &[
         b"not an address",
-        b"unknown",
+        b"unknownx",
         b"1.2.3.4:99999",
         b"\xff",
         b",",
@@ -339,7 +339,7 @@ async fn bad_keys_are_refused_or_fall_back_never_panic() {
             "{detail}"
         );
     }
-    let rfc = get_with(&strict, &[("forwarded", b"for=_secret")]).await;
+    let rfc = get_with(&strict, &[("forwarded", b"for=secret")]).await;
     assert_eq!(rfc.status(), StatusCode::BAD_REQUEST);
     // ... or, with the fallback, counted against the proxy's own address.
     let lenient = by_ip("127.0.0.0/8", 64, OnBadKey::PeerIp).await;
@@ -1081,4 +1081,60 @@ async fn remaining_never_exceeds_the_advertised_quota() {
         let bound = &seen[urls.len() - multis.len() + at].2;
         assert_eq!(bound.len(), 2, "{quotas:?}: only {bound:?} ever bound");
     }
+}
+
+/// Issue 24: a trusted proxy that names no client (RFC 7239 `for=unknown`,
+/// an obfuscated `for="_hidden"`, `X-Forwarded-For: unknown`). By default
+/// the request counts against the proxy's own address, sharing the bucket
+/// of the proxy's requests that carry no header, instead of a `400` for
+/// every request; `reject_unknown(true)` refuses it with a `400` again.
+/// Garbage is a `400` either way.
+#[tokio::test]
+async fn a_trusted_proxys_unknown_client_counts_against_the_proxy() {
+    const OK: StatusCode = StatusCode::OK;
+    const DENIED: StatusCode = StatusCode::TOO_MANY_REQUESTS;
+    const BAD: StatusCode = StatusCode::BAD_REQUEST;
+    let unknown: Headers = &[("forwarded", b"for=unknown")];
+    let trusted = by_ip("127.0.0.0/8", 64, OnBadKey::default()).await;
+    let first = get_with(&trusted, unknown).await;
+    assert_eq!(first.status(), OK);
+    assert_eq!(header(&first, "ratelimit"), Some("\"default\";r=0;t=60"));
+    expect_statuses(
+        &trusted,
+        &[
+            (&[("x-forwarded-for", b"unknown")], DENIED),
+            (&[("forwarded", b"for=\"_hidden\";proto=https")], DENIED),
+            (&[("forwarded", b"for=192.0.2.9, for=UNKNOWN")], DENIED),
+            (&[], DENIED),
+            // A named client keeps its own bucket; garbage is refused.
+            (&[("forwarded", b"for=198.51.100.7")], OK),
+            (&[("forwarded", b"for=nonsense")], BAD),
+            (&[("x-forwarded-for", b"unknown-host")], BAD),
+        ],
+    )
+    .await;
+
+    let (limiter, _) = manual("1/min");
+    let client_ip = axum_peer()
+        .trust(["127.0.0.0/8".parse().expect("net")])
+        .reject_unknown(true);
+    let layer = RateLimitLayer::builder(limiter)
+        .key(KeyExtractor::peer_ip().client_ip(client_ip))
+        .build()
+        .expect("layer");
+    let strict = serve(one_route(layer)).await;
+    let (code, body) = problem(get_with(&strict, unknown).await).await;
+    assert_eq!(code, BAD);
+    assert_eq!(
+        body["detail"],
+        "unreadable forwarded header from a trusted proxy: \"for=unknown\" names no client"
+    );
+    let (code, body) = problem(get_with(&strict, &[("x-forwarded-for", b"unknown")]).await).await;
+    assert_eq!(code, BAD);
+    assert_eq!(
+        body["detail"],
+        "unreadable x-forwarded-for header from a trusted proxy: \"unknown\" names no client"
+    );
+    // Nothing was charged: the proxy's own bucket is untouched.
+    assert_eq!(status(&strict, &[]).await, OK);
 }
