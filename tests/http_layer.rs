@@ -703,8 +703,9 @@ async fn a_custom_denial_response_keeps_the_headers_consistent() {
     );
 }
 
-/// Issue 14, item 5: with `route_layer`, a method the route does not take
-/// (`405`) never reaches the layer and spends no token.
+/// Issue 14, item 5: with the method router's `route_layer`, a method the
+/// route does not take (`405`) never reaches the layer and spends no token;
+/// issue 24: with `Router::route_layer` it does.
 #[tokio::test]
 async fn a_405_spends_no_token_under_route_layer() {
     let (limiter, _) = manual("1/min");
@@ -726,6 +727,24 @@ async fn a_405_spends_no_token_under_route_layer() {
     assert_eq!(first.status(), StatusCode::OK);
     let second = k(client().post(&url)).send().await.expect("send");
     assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+
+    // axum's `Router::route_layer` wraps each route whole (as the README
+    // says): there the 405 passes through the layer and spends the token.
+    let (limiter, _) = manual("1/min");
+    let layer = RateLimitLayer::builder(limiter)
+        .name("all")
+        .key(api_key())
+        .build()
+        .expect("layer");
+    let app = Router::new()
+        .route("/login", axum::routing::post(|| async { "welcome" }))
+        .route_layer(layer);
+    let url = format!("{}/login", serve(app).await);
+    let wrong = k(client().get(&url)).send().await.expect("send");
+    assert_eq!(wrong.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(header(&wrong, "ratelimit"), Some("\"all\";r=0;t=60"));
+    let charged = k(client().post(&url)).send().await.expect("send");
+    assert_eq!(charged.status(), StatusCode::TOO_MANY_REQUESTS);
 }
 
 /// Issue 14, item 6: a `Forwarded` element whose quoted value holds a comma
