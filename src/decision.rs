@@ -13,6 +13,7 @@ use std::time::Duration;
 #[must_use = "a Decision says whether the request may pass"]
 pub struct Decision {
     allowed: bool,
+    fallback: bool,
     limit: u64,
     // remaining() == headroom / per_token: GCRA keeps headroom in nanoseconds
     // (per_token = T), the counters in requests (per_token = 1).
@@ -34,6 +35,7 @@ impl Decision {
     ) -> Self {
         Decision {
             allowed: true,
+            fallback: false,
             limit,
             headroom,
             per_token,
@@ -54,6 +56,7 @@ impl Decision {
     ) -> Self {
         Decision {
             allowed: false,
+            fallback: false,
             limit,
             headroom,
             per_token,
@@ -75,6 +78,25 @@ impl Decision {
             retry_after: self.reset_after.max(1),
             ..self
         }
+    }
+
+    /// This decision, marked as a failure policy's (see
+    /// [`is_fallback`](Decision::is_fallback)).
+    pub(crate) fn by_fallback(self) -> Decision {
+        Decision {
+            fallback: true,
+            ..self
+        }
+    }
+
+    /// Whether a failure policy made this decision because the limiter's
+    /// shared store could not (a Redis limiter with Redis unreachable).
+    /// Its figures then describe no shared state: fail open reports no
+    /// tokens left and no reset, a local fallback this process's own
+    /// bucket. The HTTP layer writes no `RateLimit` field for it.
+    #[inline]
+    pub fn is_fallback(&self) -> bool {
+        self.fallback
     }
 
     /// Whether the request may pass.

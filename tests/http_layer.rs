@@ -324,7 +324,7 @@ async fn bad_keys_are_refused_or_fall_back_never_panic() {
     // A garbage forwarded header from a trusted proxy: refused...
     let garbage: &[&[u8]] = &[
         b"not an address",
-        b"unknown",
+        b"unknownx",
         b"1.2.3.4:99999",
         b"\xff",
         b",",
@@ -339,7 +339,7 @@ async fn bad_keys_are_refused_or_fall_back_never_panic() {
             "{detail}"
         );
     }
-    let rfc = get_with(&strict, &[("forwarded", b"for=_secret")]).await;
+    let rfc = get_with(&strict, &[("forwarded", b"for=secret")]).await;
     assert_eq!(rfc.status(), StatusCode::BAD_REQUEST);
     // ... or, with the fallback, counted against the proxy's own address.
     let lenient = by_ip("127.0.0.0/8", 64, OnBadKey::PeerIp).await;
@@ -703,8 +703,9 @@ async fn a_custom_denial_response_keeps_the_headers_consistent() {
     );
 }
 
-/// Issue 14, item 5: with `route_layer`, a method the route does not take
-/// (`405`) never reaches the layer and spends no token.
+/// Issue 14, item 5: with the method router's `route_layer`, a method the
+/// route does not take (`405`) never reaches the layer and spends no token;
+/// issue 24: with `Router::route_layer` it does.
 #[tokio::test]
 async fn a_405_spends_no_token_under_route_layer() {
     let (limiter, _) = manual("1/min");
@@ -726,6 +727,24 @@ async fn a_405_spends_no_token_under_route_layer() {
     assert_eq!(first.status(), StatusCode::OK);
     let second = k(client().post(&url)).send().await.expect("send");
     assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+
+    // axum's `Router::route_layer` wraps each route whole (as the README
+    // says): there the 405 passes through the layer and spends the token.
+    let (limiter, _) = manual("1/min");
+    let layer = RateLimitLayer::builder(limiter)
+        .name("all")
+        .key(api_key())
+        .build()
+        .expect("layer");
+    let app = Router::new()
+        .route("/login", axum::routing::post(|| async { "welcome" }))
+        .route_layer(layer);
+    let url = format!("{}/login", serve(app).await);
+    let wrong = k(client().get(&url)).send().await.expect("send");
+    assert_eq!(wrong.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(header(&wrong, "ratelimit"), Some("\"all\";r=0;t=60"));
+    let charged = k(client().post(&url)).send().await.expect("send");
+    assert_eq!(charged.status(), StatusCode::TOO_MANY_REQUESTS);
 }
 
 /// Issue 14, item 6: a `Forwarded` element whose quoted value holds a comma
@@ -939,4 +958,202 @@ fn policy_names_must_match_the_quotas() {
             .contains("1 policy names for a limiter of 2 quotas"),
         "{error}"
     );
+}
+
+/// `RateLimit-Policy` as (name, q, w) items.
+fn policy_items(response: &reqwest::Response) -> Vec<(String, u64, u64)> {
+    let value = header(response, "ratelimit-policy").expect("RateLimit-Policy");
+    value
+        .split(", ")
+        .map(|item| {
+            let mut parts = item.split(';');
+            let name = parts.next().expect("name").to_owned();
+            let mut param = |key: &str| -> u64 {
+                let part = parts.next().expect("parameter");
+                let value = part.strip_prefix(key).expect("key");
+                value.parse().expect("integer")
+            };
+            let q = param("q=");
+            let w = param("w=");
+            (name, q, w)
+        })
+        .collect()
+}
+
+/// Issue 24, item 3: `q` is what `r` counts down from, for every limiter.
+/// A sequence of requests (the clock moving between rounds) against
+/// single-limit layers (keyed and direct) and multi-limit layers (keyed
+/// and global): on every response, 200 or 429, `r` is at most the `q` of
+/// the policy `RateLimit` names, and each item of a multi-limit layer's
+/// policy is what a single-limit layer of that quota says.
+#[tokio::test]
+async fn remaining_never_exceeds_the_advertised_quota() {
+    let clock = ManualClock::new();
+    let quota = |text: &str| -> Quota { text.parse().expect("quota") };
+    let singles = ["10/s burst 20", "30/min", "3/s", "1/min burst 5"];
+    // (quota, keyed layer URL, direct layer URL)
+    let mut single_urls = Vec::new();
+    for text in singles {
+        let keyed = KeyedLimiter::<HttpKey>::builder(quota(text))
+            .clock(clock.clone())
+            .build();
+        let direct = turnstile_rl::DirectLimiter::with_clock(quota(text), clock.clone());
+        let keyed = RateLimitLayer::builder(keyed).key(api_key()).build();
+        let direct = RateLimitLayer::builder(direct).key(api_key()).build();
+        single_urls.push((
+            text,
+            serve(one_route(keyed.expect("layer"))).await,
+            serve(one_route(direct.expect("layer"))).await,
+        ));
+    }
+    let keyed_multi = KeyedMultiLimiter::<HttpKey, _>::with_clock(
+        "10/s burst 20; 30/min".parse().expect("quotas"),
+        clock.clone(),
+    );
+    let global_multi = turnstile_rl::MultiLimiter::with_clock(
+        "3/s; 1/min burst 5".parse().expect("quotas"),
+        clock.clone(),
+    );
+    let keyed_multi = RateLimitLayer::builder(keyed_multi)
+        .name("m")
+        .key(api_key());
+    let global_multi = RateLimitLayer::builder(global_multi)
+        .name("m")
+        .key(api_key());
+    let multis = [
+        (
+            ["10/s burst 20", "30/min"],
+            serve(one_route(keyed_multi.build().expect("layer"))).await,
+        ),
+        (
+            ["3/s", "1/min burst 5"],
+            serve(one_route(global_multi.build().expect("layer"))).await,
+        ),
+    ];
+
+    // What a single-limit layer advertises for each quota: (q, w).
+    let mut advertised = std::collections::HashMap::new();
+    let k1: Headers = &[("x-api-key", b"k1")];
+    for (text, keyed, direct) in &single_urls {
+        let keyed = policy_items(&get_with(keyed, k1).await);
+        let direct = policy_items(&get_with(direct, k1).await);
+        assert_eq!(keyed, direct, "{text}: keyed and direct disagree");
+        assert_eq!(keyed.len(), 1, "{text}");
+        advertised.insert(*text, (keyed[0].1, keyed[0].2));
+    }
+    // The issue's case: the burst, over the time it takes to refill.
+    assert_eq!(advertised["10/s burst 20"], (20, 2));
+    assert_eq!(advertised["3/s"], (3, 1));
+
+    let urls = single_urls
+        .iter()
+        .flat_map(|(_, keyed, direct)| [keyed, direct])
+        .chain(multis.iter().map(|(_, url)| url));
+    let urls: Vec<&String> = urls.collect();
+    // Per URL: responses admitted, denied, and the policies that bound.
+    let mut seen = vec![(0, 0, std::collections::BTreeSet::new()); urls.len()];
+    for round in 0..8 {
+        for _ in 0..10 {
+            for (i, url) in urls.iter().enumerate() {
+                let response = get_with(url, k1).await;
+                let items = policy_items(&response);
+                let rate = header(&response, "ratelimit").expect("RateLimit");
+                let (name, rest) = rate.split_once(";r=").expect("r");
+                let remaining: u64 = rest.split(';').next().unwrap().parse().expect("r");
+                let (_, q, _) = items
+                    .iter()
+                    .find(|(item, ..)| item == name)
+                    .unwrap_or_else(|| panic!("{rate} names no policy of {items:?}"));
+                assert!(
+                    remaining <= *q,
+                    "round {round}, {url}: {rate} beside {items:?}"
+                );
+                match response.status() {
+                    StatusCode::OK => seen[i].0 += 1,
+                    StatusCode::TOO_MANY_REQUESTS => seen[i].1 += 1,
+                    other => panic!("{url}: {other}"),
+                }
+                seen[i].2.insert(name.to_owned());
+            }
+        }
+        clock.advance(Duration::from_millis(300));
+    }
+    for (url, (admitted, denied, _)) in urls.iter().zip(&seen) {
+        assert!(
+            *admitted > 0 && *denied > 0,
+            "{url}: {admitted} admitted, {denied} denied"
+        );
+    }
+
+    // Each multi-limit policy item is its single-limit counterpart's.
+    for (at, (quotas, url)) in multis.iter().enumerate() {
+        let items = policy_items(&get_with(url, k1).await);
+        let want: Vec<(String, u64, u64)> = quotas
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                let (q, w) = advertised[text];
+                (format!("\"m-{i}\""), q, w)
+            })
+            .collect();
+        assert_eq!(items, want, "{quotas:?}");
+        let bound = &seen[urls.len() - multis.len() + at].2;
+        assert_eq!(bound.len(), 2, "{quotas:?}: only {bound:?} ever bound");
+    }
+}
+
+/// Issue 24: a trusted proxy that names no client (RFC 7239 `for=unknown`,
+/// an obfuscated `for="_hidden"`, `X-Forwarded-For: unknown`). By default
+/// the request counts against the proxy's own address, sharing the bucket
+/// of the proxy's requests that carry no header, instead of a `400` for
+/// every request; `reject_unknown(true)` refuses it with a `400` again.
+/// Garbage is a `400` either way.
+#[tokio::test]
+async fn a_trusted_proxys_unknown_client_counts_against_the_proxy() {
+    const OK: StatusCode = StatusCode::OK;
+    const DENIED: StatusCode = StatusCode::TOO_MANY_REQUESTS;
+    const BAD: StatusCode = StatusCode::BAD_REQUEST;
+    let unknown: Headers = &[("forwarded", b"for=unknown")];
+    let trusted = by_ip("127.0.0.0/8", 64, OnBadKey::default()).await;
+    let first = get_with(&trusted, unknown).await;
+    assert_eq!(first.status(), OK);
+    assert_eq!(header(&first, "ratelimit"), Some("\"default\";r=0;t=60"));
+    expect_statuses(
+        &trusted,
+        &[
+            (&[("x-forwarded-for", b"unknown")], DENIED),
+            (&[("forwarded", b"for=\"_hidden\";proto=https")], DENIED),
+            (&[("forwarded", b"for=192.0.2.9, for=UNKNOWN")], DENIED),
+            (&[], DENIED),
+            // A named client keeps its own bucket; garbage is refused.
+            (&[("forwarded", b"for=198.51.100.7")], OK),
+            (&[("forwarded", b"for=nonsense")], BAD),
+            (&[("x-forwarded-for", b"unknown-host")], BAD),
+        ],
+    )
+    .await;
+
+    let (limiter, _) = manual("1/min");
+    let client_ip = axum_peer()
+        .trust(["127.0.0.0/8".parse().expect("net")])
+        .reject_unknown(true);
+    let layer = RateLimitLayer::builder(limiter)
+        .key(KeyExtractor::peer_ip().client_ip(client_ip))
+        .build()
+        .expect("layer");
+    let strict = serve(one_route(layer)).await;
+    let (code, body) = problem(get_with(&strict, unknown).await).await;
+    assert_eq!(code, BAD);
+    assert_eq!(
+        body["detail"],
+        "unreadable forwarded header from a trusted proxy: \"for=unknown\" names no client"
+    );
+    let (code, body) = problem(get_with(&strict, &[("x-forwarded-for", b"unknown")]).await).await;
+    assert_eq!(code, BAD);
+    assert_eq!(
+        body["detail"],
+        "unreadable x-forwarded-for header from a trusted proxy: \"unknown\" names no client"
+    );
+    // Nothing was charged: the proxy's own bucket is untouched.
+    assert_eq!(status(&strict, &[]).await, OK);
 }

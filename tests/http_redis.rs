@@ -15,7 +15,7 @@ use axum::Router;
 use http::{HeaderName, StatusCode};
 use turnstile_rl::http::{ClientIp, KeyExtractor, RateLimitLayer};
 use turnstile_rl::redis::{FailurePolicy, RedisLimiter};
-use turnstile_rl::Quota;
+use turnstile_rl::{KeyedLimiter, Quota};
 
 use http_server::serve;
 use redis_server::RedisServer;
@@ -100,22 +100,52 @@ async fn two_gateways_share_one_quota_through_redis() {
     assert_eq!(request(&b, "k2").await.status(), StatusCode::OK);
 }
 
+/// Redis killed mid-run: each gateway answers by its failure policy, and
+/// since the fleet's state is unknown, with `RateLimit-Policy` but no
+/// `RateLimit` field (issue 24: fail open used to send `r=0;t=0`, telling
+/// a client it admitted to back off).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_redis_answers_by_the_failure_policy() {
+    const POLICY: Option<&str> = Some("\"fleet\";q=1;w=60");
     let mut redis = RedisServer::start().expect("redis-server");
     let open = gateway(&redis, "1/min", FailurePolicy::FailOpen).await;
     let closed = gateway(&redis, "1/min", FailurePolicy::FailClosed).await;
-    assert_eq!(request(&open, "k").await.status(), StatusCode::OK);
-    assert_eq!(
-        request(&closed, "k").await.status(),
-        StatusCode::TOO_MANY_REQUESTS
-    );
+    let local = KeyedLimiter::new("2/min".parse().expect("quota"));
+    let local = gateway(&redis, "1/min", FailurePolicy::Local(local)).await;
+    // Redis decides: the fleet's state, in full.
+    let first = request(&open, "k").await;
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(header(&first, "ratelimit-policy"), POLICY);
+    assert_eq!(header(&first, "ratelimit"), Some("\"fleet\";r=0;t=60"));
+    let second = request(&closed, "k").await;
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&second, "ratelimit"), Some("\"fleet\";r=0;t=60"));
 
     redis.kill();
-    for _ in 0..3 {
-        assert_eq!(request(&open, "fresh").await.status(), StatusCode::OK);
+    // The local fallback admits 2 a minute on its own, then refuses.
+    let local_statuses = [
+        StatusCode::OK,
+        StatusCode::OK,
+        StatusCode::TOO_MANY_REQUESTS,
+    ];
+    for local_status in local_statuses {
+        let admitted = request(&open, "fresh").await;
+        assert_eq!(admitted.status(), StatusCode::OK);
+        assert_eq!(header(&admitted, "ratelimit-policy"), POLICY);
+        assert_eq!(header(&admitted, "ratelimit"), None);
+        assert_eq!(header(&admitted, "retry-after"), None);
+
         let refused = request(&closed, "fresh").await;
         assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(header(&refused, "ratelimit-policy"), POLICY);
+        assert_eq!(header(&refused, "ratelimit"), None);
         assert!(header(&refused, "retry-after").is_some());
+
+        let fallback = request(&local, "fresh").await;
+        assert_eq!(fallback.status(), local_status);
+        assert_eq!(header(&fallback, "ratelimit-policy"), POLICY);
+        assert_eq!(header(&fallback, "ratelimit"), None);
+        let waits = local_status == StatusCode::TOO_MANY_REQUESTS;
+        assert_eq!(header(&fallback, "retry-after").is_some(), waits);
     }
 }

@@ -32,6 +32,7 @@ pub struct ClientIp {
     ipv6_prefix: u8,
     max_hops: usize,
     x_real_ip: bool,
+    reject_unknown: bool,
     peer_addr: Arc<PeerAddrFn>,
 }
 
@@ -43,6 +44,7 @@ impl fmt::Debug for ClientIp {
             .field("ipv6_prefix", &self.ipv6_prefix)
             .field("max_hops", &self.max_hops)
             .field("x_real_ip", &self.x_real_ip)
+            .field("reject_unknown", &self.reject_unknown)
             .finish_non_exhaustive()
     }
 }
@@ -78,6 +80,7 @@ impl ClientIp {
             ipv6_prefix: 64,
             max_hops: 16,
             x_real_ip: false,
+            reject_unknown: false,
             peer_addr: Arc::new(default_peer_addr),
         }
     }
@@ -119,6 +122,16 @@ impl ClientIp {
     /// never read. An unreadable one is a [`KeyError::BadForwarded`].
     pub fn x_real_ip(mut self, on: bool) -> Self {
         self.x_real_ip = on;
+        self
+    }
+
+    /// Whether a trusted proxy's `unknown` or obfuscated client (`for=unknown`,
+    /// `for=_hidden`, `X-Forwarded-For: unknown`) is a
+    /// [`KeyError::BadForwarded`] (on) or counts against that proxy's own
+    /// address (default off; see the
+    /// [rules](crate::http::KeyExtractor#client-addresses-proxies-and-nat)).
+    pub fn reject_unknown(mut self, on: bool) -> Self {
+        self.reject_unknown = on;
         self
     }
 
@@ -170,9 +183,11 @@ impl ClientIp {
                     reason,
                 };
                 let text = value.to_str().map_err(|_| bad("not ASCII text".into()))?;
-                return parse_node(text.trim())
-                    .map(|ip| ip.to_canonical())
-                    .map_err(bad);
+                return match parse_node(text.trim()).map_err(bad)? {
+                    Node::Ip(ip) => Ok(ip.to_canonical()),
+                    Node::Unnamed if self.reject_unknown => Err(bad(unnamed(text))),
+                    Node::Unnamed => Ok(peer),
+                };
             }
         }
         if parts.headers.contains_key(FORWARDED) {
@@ -188,13 +203,14 @@ impl ClientIp {
         .map(|found| found.unwrap_or(peer))
     }
 
-    /// Walks a forwarded chain from the right; `None` for no header.
+    /// Walks a forwarded chain from the right; `None` for no header, or for
+    /// an unnamed client of the peer itself.
     fn walk(
         &self,
         headers: &HeaderMap,
         name: HeaderName,
         label: &'static str,
-        parse: impl Fn(&str) -> Result<IpAddr, String>,
+        parse: impl Fn(&str) -> Result<Node, String>,
     ) -> Result<Option<IpAddr>, KeyError> {
         let bad = |reason: String| KeyError::BadForwarded {
             header: label,
@@ -218,7 +234,13 @@ impl ClientIp {
             .rev()
         });
         for element in elements {
-            let ip = parse(element).map_err(bad)?.to_canonical();
+            let ip = match parse(element).map_err(bad)? {
+                Node::Ip(ip) => ip.to_canonical(),
+                Node::Unnamed if self.reject_unknown => return Err(bad(unnamed(element))),
+                // The proxy that wrote it (the hop just walked, or the
+                // peer) is as far as the chain names anyone.
+                Node::Unnamed => return Ok(leftmost),
+            };
             if !self.is_trusted(ip) {
                 return Ok(Some(ip));
             }
@@ -308,7 +330,7 @@ fn unquote(value: &str) -> Result<String, String> {
 
 /// The `for=` node of one `Forwarded` element (`for=...;proto=...;by=...`,
 /// pairs split outside quoted strings).
-fn forwarded_for(element: &str) -> Result<IpAddr, String> {
+fn forwarded_for(element: &str) -> Result<Node, String> {
     let node = split_unquoted(element, b';')
         .filter_map(|pair| pair.split_once('='))
         .find(|(name, _)| name.trim().eq_ignore_ascii_case("for"))
@@ -317,10 +339,48 @@ fn forwarded_for(element: &str) -> Result<IpAddr, String> {
     parse_node(&unquote(node)?)
 }
 
-/// An address with an optional port: `192.0.2.1`, `192.0.2.1:8080`,
-/// `2001:db8::1`, `[2001:db8::1]`, `[2001:db8::1]:8080`. Obfuscated and
-/// `unknown` nodes are errors: they name no client.
-fn parse_node(node: &str) -> Result<IpAddr, String> {
+/// A forwarded node: an address, or a proxy saying it does not know its
+/// client or will not tell.
+enum Node {
+    Ip(IpAddr),
+    Unnamed,
+}
+
+/// Why an unnamed node is refused under [`ClientIp::reject_unknown`].
+fn unnamed(node: &str) -> String {
+    format!("{:?} names no client", node.trim())
+}
+
+/// `unknown` or an obfuscated `_name`, with an optional port (numeric or
+/// obfuscated): RFC 7239 section 6's nodes that are not addresses.
+fn is_unnamed(node: &str) -> bool {
+    let obfuscated = |s: &str| {
+        s.strip_prefix('_').is_some_and(|rest| {
+            !rest.is_empty()
+                && rest
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        })
+    };
+    let (name, port) = match node.split_once(':') {
+        Some((name, port)) => (name, Some(port)),
+        None => (node, None),
+    };
+    (name.eq_ignore_ascii_case("unknown") || obfuscated(name))
+        && port.is_none_or(|port| port.parse::<u16>().is_ok() || obfuscated(port))
+}
+
+/// A node (see [`is_unnamed`]), or an address with an optional port:
+/// `192.0.2.1`, `192.0.2.1:8080`, `2001:db8::1`, `[2001:db8::1]`,
+/// `[2001:db8::1]:8080`. Anything else is an error.
+fn parse_node(node: &str) -> Result<Node, String> {
+    if is_unnamed(node) {
+        return Ok(Node::Unnamed);
+    }
+    parse_ip(node).map(Node::Ip)
+}
+
+fn parse_ip(node: &str) -> Result<IpAddr, String> {
     let fail = || format!("{node:?} is not an IP address");
     if let Some(rest) = node.strip_prefix('[') {
         let (v6, after) = rest.split_once(']').ok_or_else(fail)?;
@@ -450,21 +510,11 @@ pub(super) mod tests {
                 String::from_utf8_lossy(value)
             );
         }
-        // The nearest node is obfuscated or unknown: no client named.
-        for value in [
-            &b"for=192.0.2.43, for=\"_gazonk\""[..],
-            b"for=192.0.2.43, for=unknown",
-            b"for=\"192.0.2.1",
-        ] {
-            assert!(
-                matches!(
-                    client(&ip, "10.0.0.1:1", &[("forwarded", value)]),
-                    Err(KeyError::BadForwarded { .. })
-                ),
-                "{:?}",
-                String::from_utf8_lossy(value)
-            );
-        }
+        // An unterminated quote is garbage.
+        assert!(matches!(
+            client(&ip, "10.0.0.1:1", &[("forwarded", b"for=\"192.0.2.1")]),
+            Err(KeyError::BadForwarded { .. })
+        ));
         assert_eq!(
             split_unquoted("a=\"1,2\",b", b',').collect::<Vec<_>>(),
             ["a=\"1,2\"", "b"]
@@ -486,8 +536,10 @@ pub(super) mod tests {
             ("x-forwarded-for", b"[::1]x"),
             ("x-forwarded-for", b"\xff\xfe"),
             ("x-forwarded-for", b"10.0.0.1, 10.0.0.2, 10.0.0.3, 10.0.0.4"),
-            ("forwarded", b"for=unknown"),
-            ("forwarded", b"for=_hidden"),
+            ("forwarded", b"for=unknownx"),
+            ("forwarded", b"for=_"),
+            ("forwarded", b"for=\"_a b\""),
+            ("forwarded", b"for=\"unknown:99999\""),
             ("forwarded", b"proto=https"),
             ("forwarded", b"for=\"[2001:db8::1\""),
         ];
@@ -497,6 +549,55 @@ pub(super) mod tests {
                 other => panic!("{case:?}: {other:?}"),
             }
         }
+    }
+
+    /// A trusted proxy that names no client (RFC 7239 `unknown` and
+    /// obfuscated nodes): the chain ends at that proxy, or it is refused
+    /// when asked.
+    #[test]
+    fn unnamed_clients_count_against_the_proxy_that_sent_them() {
+        let lenient = ClientIp::new()
+            .trust(["10.0.0.0/8".parse().unwrap()])
+            .x_real_ip(true);
+        let strict = lenient.clone().reject_unknown(true);
+        let cases: &[(&str, &[u8], &str)] = &[
+            ("forwarded", b"for=unknown", "10.0.0.1"),
+            ("forwarded", b"For=UNKNOWN;proto=https", "10.0.0.1"),
+            ("forwarded", b"for=\"_gazonk\"", "10.0.0.1"),
+            ("forwarded", b"for=\"_hidden:_port\"", "10.0.0.1"),
+            ("forwarded", b"for=\"unknown:8080\"", "10.0.0.1"),
+            ("forwarded", b"for=192.0.2.43, for=unknown", "10.0.0.1"),
+            // Proxy 10.0.0.5 forwarded to the peer, and did not know its
+            // own client: the chain names 10.0.0.5 last.
+            ("forwarded", b"for=unknown, for=10.0.0.5", "10.0.0.5"),
+            ("x-forwarded-for", b"unknown", "10.0.0.1"),
+            (
+                "x-forwarded-for",
+                b"198.51.100.7, unknown, 10.0.0.9",
+                "10.0.0.9",
+            ),
+            ("x-real-ip", b"unknown", "10.0.0.1"),
+        ];
+        for (name, value, want) in cases {
+            let text = String::from_utf8_lossy(value);
+            assert_eq!(
+                client(&lenient, "10.0.0.1:1", &[(name, value)]),
+                Ok(want.parse().unwrap()),
+                "{name}: {text}"
+            );
+            match client(&strict, "10.0.0.1:1", &[(name, value)]) {
+                Err(KeyError::BadForwarded { reason, .. }) => {
+                    assert!(reason.ends_with("names no client"), "{reason}")
+                }
+                other => panic!("{name}: {text}: {other:?}"),
+            }
+        }
+        // An unnamed node to the left of the client is never read.
+        let xff: &[(&str, &[u8])] = &[("x-forwarded-for", b"unknown, 198.51.100.7")];
+        assert_eq!(
+            client(&strict, "10.0.0.1:1", xff),
+            Ok("198.51.100.7".parse().unwrap())
+        );
     }
 
     #[test]

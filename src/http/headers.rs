@@ -9,11 +9,16 @@
 //! RateLimit: "api";r=42;t=35            this client: r left, full again in t seconds
 //! ```
 //!
-//! How turnstile's numbers map onto them: `q` and `w` are the limiter's
-//! [`Quota`] (its count, and its period in seconds rounded up; for a GCRA
-//! limiter the bucket: `burst` requests per the time an empty bucket takes
-//! to refill); `r` is [`Decision::remaining`]; `t` is
-//! [`Decision::reset_after`] rounded up to whole seconds. On a denial,
+//! How turnstile's numbers map onto them: `q` and `w` are the bucket of
+//! each [`Quota`], the same for every limiter (direct, keyed, multi-limit,
+//! Redis): `q` is its burst ([`Quota::burst_size`]) and `w` the time an
+//! empty bucket takes to refill (`burst` emission intervals) in seconds,
+//! rounded up. So `"10/s burst 20"` is `q=20;w=2`, `"100/min"` is
+//! `q=100;w=60`, and `r` never exceeds `q`. `r` is
+//! [`Decision::remaining`]; `t` is [`Decision::reset_after`] rounded up to
+//! whole seconds. A [fallback decision](Decision::is_fallback) describes
+//! no shared state: it gets `RateLimit-Policy` but neither `RateLimit` nor
+//! the `X-RateLimit-*` trio (a denial still gets `Retry-After`). On a denial,
 //! `Retry-After` is [`Decision::retry_after`] in delta-seconds, rounded
 //! **up** so that a client that waits exactly that long is admitted (and
 //! never `0`).
@@ -46,6 +51,17 @@ pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-r
 /// A duration in whole seconds, rounded up.
 pub(crate) fn ceil_secs(d: Duration) -> u64 {
     d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
+}
+
+/// `w` for `quota`: `burst` emission intervals in whole seconds, rounded
+/// up, at least 1. The interval is the period over the count rounded up to
+/// a nanosecond, which overshoots by less than `burst` nanoseconds in all:
+/// that overshoot is not rounded up to one more second (`"3/s"` is `w=1`).
+fn window_secs(quota: &Quota) -> u64 {
+    let burst = quota.burst_size();
+    // tolerance >= burst, as the interval is at least 1 ns.
+    let refill = quota.tolerance_nanos() - (burst - 1);
+    ceil_secs(Duration::from_nanos(refill)).max(1)
 }
 
 /// Why a name cannot be a structured-field string: it holds this
@@ -92,8 +108,7 @@ impl HeaderSet {
         let policy = policies
             .iter()
             .map(|(name, quota)| {
-                let window = ceil_secs(quota.period()).max(1);
-                format!("{name};q={};w={window}", quota.count())
+                format!("{name};q={};w={}", quota.burst_size(), window_secs(quota))
             })
             .collect::<Vec<_>>()
             .join(", ");
@@ -114,8 +129,10 @@ impl HeaderSet {
     /// policies) both show, each under its own name, and the denying one's
     /// item is the one with `r=0`. The `X-RateLimit-*` trio holds one
     /// policy only: the one with the fewest requests left (the binding
-    /// one) wins, so stacked layers never mix two policies' numbers.
+    /// one) wins, so stacked layers never mix two policies' numbers. A
+    /// fallback decision writes the policy only (see the module docs).
     pub(crate) fn write(&self, decision: &Decision, binding: usize, headers: &mut HeaderMap) {
+        let fallback = decision.is_fallback();
         let remaining = decision.remaining();
         let reset = ceil_secs(decision.reset_after());
         // A binding index out of range (a limiter answering for a policy it
@@ -123,13 +140,15 @@ impl HeaderSet {
         let name = self.names.get(binding).or(self.names.first());
         if let (Some(policy), Some(name)) = (&self.policy, name) {
             headers.append(RATELIMIT_POLICY, policy.clone());
-            let mut value = String::with_capacity(name.len() + 24);
-            let _ = write!(value, "{name};r={remaining};t={reset}");
-            if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
-                headers.append(RATELIMIT, value);
+            if !fallback {
+                let mut value = String::with_capacity(name.len() + 24);
+                let _ = write!(value, "{name};r={remaining};t={reset}");
+                if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
+                    headers.append(RATELIMIT, value);
+                }
             }
         }
-        if self.x_trio {
+        if self.x_trio && !fallback {
             let binding = headers
                 .get(X_RATELIMIT_REMAINING)
                 .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
@@ -202,6 +221,27 @@ mod tests {
         assert_eq!(set("100/min").policy.unwrap(), "\"p\";q=100;w=60");
         assert_eq!(set("3/1.5s").policy.unwrap(), "\"p\";q=3;w=2");
         assert_eq!(set("10/ms").policy.unwrap(), "\"p\";q=10;w=1");
+        // The bucket, not the rate: what `r` counts down from.
+        assert_eq!(set("10/s burst 20").policy.unwrap(), "\"p\";q=20;w=2");
+        assert_eq!(set("1/min burst 5").policy.unwrap(), "\"p\";q=5;w=300");
+        // The nanosecond rounding of 1/3 s adds no second.
+        assert_eq!(set("3/s").policy.unwrap(), "\"p\";q=3;w=1");
+        assert_eq!(set("7/s burst 14").policy.unwrap(), "\"p\";q=14;w=2");
+    }
+
+    #[test]
+    fn a_fallback_decision_gets_the_policy_only() {
+        let quota: Quota = "3/min".parse().unwrap();
+        let set = HeaderSet::new(vec![("\"p\"".into(), quota)], true, true);
+        let decision = crate::direct::DirectLimiter::new(quota).check();
+        let mut headers = HeaderMap::new();
+        set.write(&decision.by_fallback(), 0, &mut headers);
+        assert_eq!(headers.len(), 1, "{headers:?}");
+        assert_eq!(headers.get(RATELIMIT_POLICY).unwrap(), "\"p\";q=3;w=60");
+        // The same decision from the limiter itself: every field.
+        set.write(&decision, 0, &mut headers);
+        assert_eq!(headers.get(RATELIMIT).unwrap(), "\"p\";r=2;t=20");
+        assert_eq!(headers.get(X_RATELIMIT_REMAINING).unwrap(), "2");
     }
 
     #[test]

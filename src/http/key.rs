@@ -69,6 +69,15 @@ enum Source {
 /// semicolons (`host="a,b"`). `X-Real-IP` from a trusted proxy wins over
 /// both when [`ClientIp::x_real_ip`] is on.
 ///
+/// A trusted proxy that does not know its client, or will not tell, names
+/// it `unknown` or an obfuscated `_name` (RFC 7239: `Forwarded:
+/// for=unknown`, `for="_hidden"`; `X-Forwarded-For: unknown`): the chain
+/// ends at that proxy, and the request counts against the proxy's own
+/// address (the peer's, when the peer wrote it; else the trusted hop that
+/// forwarded it). Everyone behind it shares one bucket, rather than each
+/// request being refused. [`ClientIp::reject_unknown`] makes it a bad key
+/// instead.
+///
 /// One IPv6 host usually owns a whole /64, so an IPv6 client is keyed by
 /// its prefix ([`ClientIp::ipv6_prefix`], default 64): otherwise it could
 /// take a fresh bucket for every request. IPv4-mapped IPv6 addresses count
@@ -80,7 +89,8 @@ enum Source {
 /// No header, an empty, non-text (bytes outside visible ASCII) or oversized
 /// value ([`KeyExtractor::max_len`], default 256 bytes), a missing
 /// extension, or a forwarded header from a trusted proxy that cannot be
-/// read: each is a [`KeyError`], handled by [`OnBadKey`]:
+/// read (not an address, nor an unnamed client as above): each is a
+/// [`KeyError`], handled by [`OnBadKey`]:
 ///
 /// - [`OnBadKey::Reject`] (the default, with `400 Bad Request`): the
 ///   request is answered with that status and an `application/problem+json`

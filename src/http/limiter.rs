@@ -77,9 +77,9 @@ pub trait Limiter: Send + Sync + 'static {
     /// had run once; the layer never retries a check.
     fn check(&self, key: &HttpKey) -> Self::Future;
 
-    /// The quota this limiter enforces, advertised as `q` (requests) and
-    /// `w` (seconds, rounded up) in `RateLimit-Policy`; for a limiter of
-    /// several, the first.
+    /// The quota this limiter enforces, advertised in `RateLimit-Policy`
+    /// (how: [`headers`](super::headers)); for a limiter of several, the
+    /// first.
     fn quota(&self) -> Quota;
 
     /// Every quota this limiter enforces, in the order a

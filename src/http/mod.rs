@@ -109,7 +109,7 @@
 //!     .name("search")
 //!     .key(KeyExtractor::peer_ip())
 //!     .build()?;
-//! // RateLimit-Policy: "search-0";q=10;w=1, "search-1";q=1000;w=3600
+//! // RateLimit-Policy: "search-0";q=20;w=2, "search-1";q=1000;w=3600
 //! # let _ = layer;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```

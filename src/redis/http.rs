@@ -5,8 +5,9 @@
 //! The layer holds an `Arc<RedisLimiter>`: each check moves a clone of the
 //! `Arc` and of the key (two reference counts) into its future. Redis being
 //! down or slow is the limiter's [`FailurePolicy`](super::FailurePolicy)'s
-//! business, and arrives as a decision (open: allowed; closed: denied with
-//! a `retry_after`; local: the fallback's). Only a key the script refuses
+//! business, and arrives as a [fallback](crate::Decision::is_fallback)
+//! decision (open: allowed; closed: denied with a `retry_after`; local: the
+//! local limiter's). Only a key the script refuses
 //! (empty, or above `MAX_KEY_BYTES`) is an error, which the layer answers
 //! with its [`OnLimiterError`](crate::http::OnLimiterError) policy.
 

@@ -5,7 +5,8 @@
 //! local in-memory limiter as a fallback. The policy decides a
 //! request when the Redis call failed, timed out, or was not made because
 //! the circuit breaker is open; [`MetricsSnapshot::fallback_decisions`]
-//! counts how often.
+//! counts how often, and each such decision says so
+//! ([`Decision::is_fallback`]).
 //!
 //! [`MetricsSnapshot::fallback_decisions`]: super::MetricsSnapshot::fallback_decisions
 
@@ -23,8 +24,7 @@ use crate::keyed::KeyedLimiter;
 #[allow(clippy::large_enum_variant)]
 #[non_exhaustive]
 pub enum FailurePolicy {
-    /// Allow every request (availability first). The decision reports no
-    /// remaining tokens and no reset time: they are unknown.
+    /// Allow every request (availability first).
     FailOpen,
     /// Deny every request (protection first). The decision's `retry_after`
     /// is the time until the circuit breaker next tries Redis (at least the
@@ -63,13 +63,14 @@ impl FailurePolicy {
     ) -> Decision {
         let retry = saturating_nanos(retry_in);
         let closed = Decision::denied(limit, 0, interval, 0, retry);
-        match self {
+        let decision = match self {
             FailurePolicy::FailOpen => Decision::allowed(limit, 0, interval, 0),
             FailurePolicy::FailClosed => closed,
             // The fleet's limiter accepted the cost already; a local quota
             // too small for it cannot grant it, so it is denied.
             FailurePolicy::Local(limiter) => limiter.check_n(key, n).unwrap_or(closed),
-        }
+        };
+        decision.by_fallback()
     }
 
     /// A short name for reports ("fail-open", "fail-closed", "local").
