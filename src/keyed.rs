@@ -356,12 +356,18 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         D: Algorithm,
     {
-        let mut now = self.clock.now();
         let hash = self.map.hash(key);
         let map = self.map.pin();
+        let found = map.find(hash, key);
+        // The clock is read after the lookup, not before: a clock read
+        // behind the previous check's CAS (a locked instruction) waits for
+        // it, and the lookup behind the clock read then cannot overlap the
+        // previous check's cache miss. At a million keys that serialized
+        // every miss (BENCHMARKS.md, "The clock read after the lookup").
+        let mut now = self.clock.now();
         let idle = move |state| self.algorithm.is_idle(state, now);
         self.tick(&map, now, &idle);
-        self.decide_pinned(&map, hash, key, &mut now, cost, algorithm, &idle)
+        self.decide_found(&map, hash, key, found, &mut now, cost, algorithm, &idle)
     }
 
     /// Runs a housekeeping step if one is due at `now`: what every check
@@ -409,8 +415,32 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         D: Algorithm,
     {
+        let found = map.find(hash, key);
+        self.decide_found(map, hash, key, found, now, cost, algorithm, idle)
+    }
+
+    /// [`decide_pinned`](Self::decide_pinned) after the first lookup, which
+    /// found `found`.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn decide_found<'p, Q, D>(
+        &self,
+        map: &'p Pinned<'_, K>,
+        hash: u64,
+        key: &Q,
+        mut found: Option<&'p Slot<K>>,
+        now: &mut u64,
+        cost: u64,
+        algorithm: &D,
+        idle: &impl Fn(u64) -> bool,
+    ) -> Decision
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        D: Algorithm,
+    {
         loop {
-            let slot = match map.find(hash, key) {
+            let slot = match found {
                 Some(slot) => slot,
                 None => match self.admit(map, hash, key, now, cost, algorithm, idle) {
                     Admitted::Inserted(decision, ..) => return decision,
@@ -429,6 +459,7 @@ where
                 // the bucket in the successor (copying it there if needed).
                 Err(Gone::Moved) => {}
             }
+            found = map.find(hash, key);
         }
     }
 
