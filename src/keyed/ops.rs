@@ -372,15 +372,18 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         let algorithm = &self.algorithm;
-        let first = self.clock.now();
         let hash = self.map.hash(key);
+        let mut found = map.find(hash, key);
+        // The clock after the lookup, as `decide` reads it (its comment
+        // says why).
+        let first = self.clock.now();
         let idle = |state| algorithm.is_idle(state, first);
         self.tick(map, first, &idle);
         // An insert may read the clock again (see `admit`); later steps
         // decide at that reading.
         let mut now = first;
         loop {
-            let slot = match map.find(hash, key) {
+            let slot = match found {
                 Some(slot) => slot,
                 None => match self.admit(map, hash, key, &mut now, n, algorithm, &idle) {
                     Admitted::Inserted(decision, charge, slot) => {
@@ -396,7 +399,7 @@ where
             match slot.cell.charge(algorithm, now, n) {
                 Ok((decision, charge)) => return (decision, charge.map(|c| (c, &slot.cell))),
                 // Evicted or moved under our feet: look again.
-                Err(Gone::Dead | Gone::Moved) => continue,
+                Err(Gone::Dead | Gone::Moved) => found = map.find(hash, key),
             }
         }
     }
