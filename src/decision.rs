@@ -81,7 +81,9 @@ impl Decision {
     }
 
     /// This decision, marked as a failure policy's (see
-    /// [`is_fallback`](Decision::is_fallback)).
+    /// [`is_fallback`](Decision::is_fallback)). Only the Redis limiter has
+    /// a failure policy.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn by_fallback(self) -> Decision {
         Decision {
             fallback: true,
