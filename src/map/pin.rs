@@ -154,6 +154,7 @@ impl Domain {
         while !record.is_null() {
             // SAFETY: records are never freed while the domain lives.
             let r = unsafe { &*record };
+            // Relaxed: a cheap look before the CAS, which decides.
             if !r.in_use.load(Ordering::Relaxed)
                 && r.in_use
                     .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -204,6 +205,7 @@ impl Domain {
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(TryLockError::WouldBlock) => return,
         };
+        // Relaxed: a look; the swap below is what synchronizes.
         if !self.retired.load(Ordering::Relaxed).is_null() {
             // Acquire: the items' unlinking happens before the barrier.
             let items = self.retired.swap(ptr::null_mut(), Ordering::Acquire);
@@ -302,6 +304,8 @@ impl Domain {
             // and every reader that could hold an item has unpinned.
             let retired = unsafe { Box::from_raw(rest.item) };
             rest.item = retired.next;
+            // Relaxed: `pending` guards no data; it only tells a look
+            // whether reclaiming is worth a try.
             self.pending.fetch_sub(1, Ordering::Relaxed);
             #[cfg(turnstile_loom)]
             crate::probe::hit(&crate::probe::RECLAIM_FREED);
@@ -421,6 +425,8 @@ pub(crate) unsafe fn retire<T>(table: *mut T) {
         next: ptr::null_mut(),
     }));
     let domain = domain();
+    // Relaxed: a hint for the looks (see `Domain::pending`); the push
+    // below publishes the item.
     domain.pending.fetch_add(1, Ordering::Relaxed);
     domain.push_retired(item);
     // Look at the stack on this thread's next unpin (if its record is
@@ -459,6 +465,7 @@ impl Drop for Guard {
 #[cold]
 pub(crate) fn reclaim_if_pending() {
     let domain = domain();
+    // Relaxed: a stale zero only delays reclaiming to a later look.
     if domain.pending.load(Ordering::Relaxed) != 0 {
         domain.reclaim();
     }
