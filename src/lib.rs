@@ -90,6 +90,7 @@ mod error;
 #[cfg(feature = "tower")]
 pub mod http;
 pub mod keyed;
+mod live;
 mod map;
 mod multi;
 #[cfg(turnstile_loom)]
@@ -115,7 +116,7 @@ pub use decision::Decision;
 pub use direct::DirectLimiter;
 pub use error::{BatchError, CostError, QuotaError, QuotasError};
 pub use keyed::{KeyedLimiter, KeyedLimiterBuilder, OverflowPolicy};
-pub use multi::{KeyedMultiLimiter, MultiDecision, MultiLimiter};
+pub use multi::{KeyedMultiLimiter, KeyedMultiLimiterBuilder, MultiDecision, MultiLimiter};
 pub use quota::Quota;
 pub use quotas::{Quotas, MAX_LIMITS};
 pub use sliding_log::SlidingLog;

@@ -154,7 +154,19 @@ impl FixedWindow {
     }
 }
 
-impl sealed::Sealed for FixedWindow {}
+impl sealed::Sealed for FixedWindow {
+    fn to_words(&self) -> [u64; sealed::WORDS] {
+        [self.period.get(), self.limit, 0]
+    }
+
+    fn from_words([period, limit, _]: [u64; sealed::WORDS]) -> Self {
+        // The words are a window's own (`to_words`): the period is never zero.
+        FixedWindow {
+            period: NonZeroU64::new(period).unwrap_or(NonZeroU64::MIN),
+            limit,
+        }
+    }
+}
 
 impl Algorithm for FixedWindow {
     #[inline]

@@ -174,7 +174,7 @@ mod script;
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU64;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 pub use breaker::{BreakerConfig, BreakerState};
@@ -424,9 +424,12 @@ impl RedisLimiterBuilder {
         let interval =
             NonZeroU64::new(saturating_nanos(script.interval())).unwrap_or(NonZeroU64::MIN);
         Ok(RedisLimiter {
-            quota: self.quota,
-            script,
-            interval,
+            current: RwLock::new(Arc::new(Current {
+                version: 0,
+                quota: self.quota,
+                script,
+                interval,
+            })),
             connection,
             prefix: self.prefix,
             hash_tag: self.hash_tag,
@@ -447,10 +450,10 @@ impl RedisLimiterBuilder {
 /// [module docs](self) for what happens around each call.
 #[derive(Debug)]
 pub struct RedisLimiter {
-    quota: Quota,
-    script: GcraScript,
-    /// `T` as the script runs it (whole µs), in ns.
-    interval: NonZeroU64,
+    /// The quota and what the script runs for it, replaced whole by
+    /// `set_quota`. A call copies the `Arc` out (the lock is held for that
+    /// copy only, never across a round trip) and runs wholly at that quota.
+    current: RwLock<Arc<Current>>,
     connection: Connection,
     prefix: Vec<u8>,
     hash_tag: HashTag,
@@ -460,6 +463,29 @@ pub struct RedisLimiter {
     time: TimeSource,
     leases: Option<Leases>,
     metrics: Metrics,
+}
+
+/// A [`RedisLimiter`]'s quota and what the script runs for it.
+#[derive(Debug)]
+struct Current {
+    /// Changes so far (`quota_version`).
+    version: u64,
+    /// As given.
+    quota: Quota,
+    script: GcraScript,
+    /// `T` as the script runs it (whole µs), in ns.
+    interval: NonZeroU64,
+}
+
+/// One call's script, held by the `Arc` of the quota it belongs to.
+struct ScriptOf(Arc<Current>);
+
+impl std::ops::Deref for ScriptOf {
+    type Target = GcraScript;
+
+    fn deref(&self) -> &GcraScript {
+        &self.0.script
+    }
 }
 
 impl RedisLimiter {
@@ -495,7 +521,7 @@ impl RedisLimiter {
         n: u64,
     ) -> Result<Decision, RedisLimitError> {
         let key = key.as_ref();
-        self.script.gcra().check_cost(n)?;
+        self.script().gcra().check_cost(n)?;
         check_key(key)?;
         let now_micros = self.client_now()?;
         let mut out = Vec::with_capacity(1);
@@ -577,9 +603,8 @@ impl RedisLimiter {
     where
         K: AsRef<[u8]> + Sync,
     {
-        BatchError::check(keys.len(), costs, |cost| {
-            self.script.gcra().check_cost(cost)
-        })?;
+        let script = self.script();
+        BatchError::check(keys.len(), costs, |cost| script.gcra().check_cost(cost))?;
         self.batch(keys, |i| costs[i], out).await
     }
 
@@ -623,12 +648,18 @@ impl RedisLimiter {
         out: &mut Vec<Decision>,
     ) {
         out.clear();
-        let burst = self.script.burst();
+        let current = self.current();
         let mut decided: Vec<Option<Decision>> = requests
             .iter()
             .map(|&(key, n)| {
                 let leases = self.leases.as_ref()?;
-                let decision = leases.spend(key, n, Instant::now(), burst, self.interval)?;
+                let decision = leases.spend(
+                    key,
+                    n,
+                    Instant::now(),
+                    current.script.burst(),
+                    current.interval,
+                )?;
                 self.metrics.lease_hit();
                 Some(decision)
             })
@@ -699,11 +730,13 @@ impl RedisLimiter {
         let calls = groups.into_iter().map(|group| {
             let redis_keys = &redis_keys;
             async move {
+                // One quota for the call: the script runs it, Rust decodes by it.
+                let script = self.script();
                 let costs: Vec<u64> = group
                     .iter()
                     .map(|&at| requests[redis_keys[at].0].1)
                     .collect();
-                let invocation = self.script.invocation(
+                let invocation = script.invocation(
                     group
                         .iter()
                         .zip(&costs)
@@ -719,7 +752,7 @@ impl RedisLimiter {
                             .map_err(|_| RedisCallError::Timeout)?
                             .map_err(RedisCallError::from_redis)?;
                     self.metrics.latency(started.elapsed());
-                    self.script.decode(&reply, &costs)
+                    script.decode(&reply, &costs)
                 }
                 .await;
                 let indexes = group.iter().map(|&at| redis_keys[at].0).collect();
@@ -748,10 +781,11 @@ impl RedisLimiter {
                 // What this gateway may still admit: Redis's tokens for a
                 // request of cost n, plus the ones it keeps locally.
                 let remaining = reply.decision.remaining().saturating_add(kept);
+                let interval = self.current().interval;
                 Decision::allowed(
                     reply.decision.limit(),
-                    remaining.saturating_mul(self.interval.get()),
-                    self.interval,
+                    remaining.saturating_mul(interval.get()),
+                    interval,
                     saturating_nanos(reply.decision.reset_after()),
                 )
             }
@@ -763,8 +797,9 @@ impl RedisLimiter {
     fn fallback(&self, key: &[u8], n: u64) -> Decision {
         self.metrics.fallback();
         let retry_in = self.breaker.retry_in(Instant::now()).max(self.timeout);
+        let current = self.current();
         self.policy
-            .decide(key, n, self.script.burst(), self.interval, retry_in)
+            .decide(key, n, current.script.burst(), current.interval, retry_in)
     }
 
     /// The client clock's reading in µs, or `None` for the server's TIME.
@@ -806,15 +841,74 @@ impl RedisLimiter {
         out
     }
 
-    /// The quota, as given.
-    pub fn quota(&self) -> &Quota {
-        &self.quota
+    /// The quota enforced now, as given (to the builder or to
+    /// [`set_quota`](RedisLimiter::set_quota)).
+    pub fn quota(&self) -> Quota {
+        self.current().quota
     }
 
-    /// The emission interval the script runs: the quota's, rounded up to
-    /// whole microseconds.
+    /// Changes the quota while the limiter serves, through `&self`: calls
+    /// that begin after this returns send the new quota to the script.
+    /// Every bucket in Redis is kept, by the one rule every limiter follows
+    /// ([`Quota`]'s "Changing a quota"): the script reads each stored TAT
+    /// under whatever quota the call brings, so the gateways of a fleet
+    /// agree whenever each makes the change. An error, changing nothing,
+    /// when the script cannot hold the quota in microseconds, or when the
+    /// limiter leases more tokens than the new burst.
+    ///
+    /// ```no_run
+    /// # async fn run(limiter: turnstile_rl::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// limiter.set_quota("50/min".parse()?)?;
+    /// assert_eq!(limiter.quota(), "50/min".parse()?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_quota(&self, quota: Quota) -> Result<(), RedisBuildError> {
+        let script = GcraScript::new(&quota)?;
+        if let Some(k) = self.leases.as_ref().map(Leases::size) {
+            if k > script.burst() {
+                return Err(RedisBuildError::Config(format!(
+                    "a lease of {k} tokens is above the new burst ({}): build a limiter \
+                     with a smaller lease for this quota",
+                    script.burst()
+                )));
+            }
+        }
+        let interval =
+            NonZeroU64::new(saturating_nanos(script.interval())).unwrap_or(NonZeroU64::MIN);
+        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+        *current = Arc::new(Current {
+            version: current.version.wrapping_add(1),
+            quota,
+            script,
+            interval,
+        });
+        Ok(())
+    }
+
+    /// A number that moves whenever the quota changes (0 until the first
+    /// [`set_quota`](RedisLimiter::set_quota)): what the HTTP layer
+    /// compares to know its `RateLimit-Policy` is current.
+    pub fn quota_version(&self) -> u64 {
+        self.current().version
+    }
+
+    /// The emission interval the script runs now: the quota's, rounded up
+    /// to whole microseconds.
     pub fn emission_interval(&self) -> Duration {
-        self.script.interval()
+        self.script().interval()
+    }
+
+    /// The quota now and what the script runs for it.
+    fn current(&self) -> Arc<Current> {
+        // Nothing panics while the lock is held for writing: a poisoned
+        // lock still holds a whole `Current`.
+        Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// The script parameters of the quota now (`current().script`).
+    fn script(&self) -> ScriptOf {
+        ScriptOf(self.current())
     }
 
     /// The circuit breaker's state now.
