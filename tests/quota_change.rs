@@ -113,9 +113,10 @@ async fn a_smaller_burst_is_one_rule_for_every_limiter_and_its_retry_after_is_ho
     assert_eq!(limiters.check_n(1, "one T later").await?, (true, 0, None));
 
     // A larger burst: what was spent stays spent, the room above it is
-    // there at once (TAT = now + 6 s, tau'' = 60 s: 9 tokens left).
+    // there at once (TAT = now + 12 s, two tokens owed; tau'' = 60 s: this
+    // one admitted, 7 left).
     limiters.set_quota("10/min")?;
-    assert_eq!(limiters.check_n(1, "burst back to 10").await?, (true, 8, None));
+    assert_eq!(limiters.check_n(1, "burst back to 10").await?, (true, 7, None));
     Ok(())
 }
 
