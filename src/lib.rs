@@ -67,6 +67,10 @@
 //!   closest to full among a sample; the other policies refuse or admit the
 //!   new key without tracking it instead.
 //! - Keys are independent: there is no cross-key ordering.
+//! - **A quota changes while serving** (`set_quota(&self)`), read whole by
+//!   each check: a check is decided wholly at one quota, and every bucket is
+//!   kept by one rule for every limiter (see [`Quota`], "Changing a quota
+//!   while serving").
 
 // The unit tests are plain `#[cfg(test)]` and never built with
 // `--cfg turnstile_loom` (scripts/loom.sh): that cfg swaps in loom's atomics

@@ -158,6 +158,7 @@ use crate::direct::DirectLimiter;
 use crate::error::{CostError, QuotasError};
 use crate::keyed::{KeyedLimiter, OverflowPolicy, DEFAULT_MAX_KEYS};
 use crate::map::Pinned;
+use crate::quota::Quota;
 use crate::quotas::{Quotas, MAX_LIMITS};
 use crate::stats::Stats;
 
@@ -319,10 +320,71 @@ pub(crate) fn peek_all(count: usize, peek: impl Fn(usize) -> Decision) -> MultiD
 /// charges, the rollbacks and the cost check all use these.
 type Snapshot = [Gcra; MAX_LIMITS];
 
-/// Reads the quotas of `count` limits (`1 ..= MAX_LIMITS`) through `load`.
-fn snapshot(count: usize, load: impl Fn(usize) -> Gcra) -> Snapshot {
-    let first = load(0);
-    std::array::from_fn(|i| if i == 0 || i >= count { first } else { load(i) })
+/// What a multi-limiter needs of each of its limits to read, change and
+/// count its quota: the direct and the keyed limiter alike.
+trait Limit {
+    fn gcra(&self) -> Gcra;
+    fn set(&self, quota: Quota);
+    fn version(&self) -> u64;
+}
+
+impl<C: Clock> Limit for DirectLimiter<C> {
+    fn gcra(&self) -> Gcra {
+        self.algorithm()
+    }
+    fn set(&self, quota: Quota) {
+        self.set_quota(quota);
+    }
+    fn version(&self) -> u64 {
+        self.quota_version()
+    }
+}
+
+impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> Limit for KeyedLimiter<K, C> {
+    fn gcra(&self) -> Gcra {
+        self.algorithm()
+    }
+    fn set(&self, quota: Quota) {
+        self.set_quota(quota);
+    }
+    fn version(&self) -> u64 {
+        self.quota_version()
+    }
+}
+
+/// Reads the quota of each of `limits` (`1 ..= MAX_LIMITS` of them).
+fn snapshot(limits: &[impl Limit]) -> Snapshot {
+    let first = limits[0].gcra();
+    std::array::from_fn(|i| match limits.get(i) {
+        Some(limit) if i > 0 => limit.gcra(),
+        _ => first,
+    })
+}
+
+/// Gives each of `limits` its quota of `quotas`, in order; an error,
+/// changing nothing, for another number of quotas.
+fn set_each(limits: &[impl Limit], quotas: &Quotas) -> Result<(), QuotasError> {
+    if quotas.len() != limits.len() {
+        return Err(QuotasError::CountChanged {
+            limits: limits.len(),
+            given: quotas.len(),
+        });
+    }
+    for (limit, quota) in limits.iter().zip(quotas.as_slice()) {
+        limit.set(*quota);
+    }
+    Ok(())
+}
+
+/// The quotas of `limits` now (each as its bucket: [`Gcra::quota`]).
+fn quotas_now(limits: &[impl Limit]) -> Quotas {
+    Quotas::new(snapshot(limits)[..limits.len()].iter().map(Gcra::quota))
+        .expect("a multi-limiter has 1 ..= MAX_LIMITS limits")
+}
+
+/// A number that moves whenever a quota of `limits` changes.
+fn version_of(limits: &[impl Limit]) -> u64 {
+    limits.iter().map(Limit::version).sum()
 }
 
 /// Rejects a cost that some limit of `gcras` can never admit, naming the
@@ -335,24 +397,6 @@ fn check_cost(gcras: &[Gcra], n: u64) -> Result<(), CostError> {
         }),
         Some(error) => error,
         None => Ok(()),
-    }
-}
-
-/// The quotas of `gcras`, in order (see [`Gcra::quota`]).
-fn quotas_of(gcras: &[Gcra]) -> Quotas {
-    Quotas::new(gcras.iter().map(Gcra::quota))
-        .expect("a multi-limiter has 1 ..= MAX_LIMITS limits")
-}
-
-/// `quotas` for a limiter of `limits` limits, or why not.
-fn same_count(limits: usize, quotas: &Quotas) -> Result<(), QuotasError> {
-    if quotas.len() == limits {
-        Ok(())
-    } else {
-        Err(QuotasError::CountChanged {
-            limits,
-            given: quotas.len(),
-        })
     }
 }
 
@@ -503,22 +547,18 @@ impl<C: Clock> MultiLimiter<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn set_quotas(&self, quotas: Quotas) -> Result<(), QuotasError> {
-        same_count(self.limits.len(), &quotas)?;
-        for (limit, quota) in self.limits.iter().zip(quotas.as_slice()) {
-            limit.set_quota(*quota);
-        }
-        Ok(())
+        set_each(&self.limits, &quotas)
     }
 
     /// The quotas enforced now, in order (each as its bucket:
     /// [`Gcra::quota`]).
     pub fn quotas(&self) -> Quotas {
-        quotas_of(&self.snapshot()[..self.limits.len()])
+        quotas_now(&self.limits)
     }
 
     /// A number that moves whenever a limit's quota changes.
     pub fn quota_version(&self) -> u64 {
-        self.limits.iter().map(DirectLimiter::quota_version).sum()
+        version_of(&self.limits)
     }
 
     /// One limiter per quota, in order (to peek at each one).
@@ -527,7 +567,7 @@ impl<C: Clock> MultiLimiter<C> {
     }
 
     fn snapshot(&self) -> Snapshot {
-        snapshot(self.limits.len(), |i| self.limits[i].algorithm())
+        snapshot(&self.limits)
     }
 
     fn decide(&self, gcras: &Snapshot, n: u64) -> MultiDecision {
@@ -865,22 +905,18 @@ where
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn set_quotas(&self, quotas: Quotas) -> Result<(), QuotasError> {
-        same_count(self.limits.len(), &quotas)?;
-        for (limit, quota) in self.limits.iter().zip(quotas.as_slice()) {
-            limit.set_quota(*quota);
-        }
-        Ok(())
+        set_each(&self.limits, &quotas)
     }
 
     /// The quotas enforced now, in order (each as its bucket:
     /// [`Gcra::quota`]).
     pub fn quotas(&self) -> Quotas {
-        quotas_of(&self.snapshot()[..self.limits.len()])
+        quotas_now(&self.limits)
     }
 
     /// A number that moves whenever a limit's quota changes.
     pub fn quota_version(&self) -> u64 {
-        self.limits.iter().map(KeyedLimiter::quota_version).sum()
+        version_of(&self.limits)
     }
 
     /// One keyed limiter per quota, in order (to peek at each, or read its
@@ -890,7 +926,7 @@ where
     }
 
     fn snapshot(&self) -> Snapshot {
-        snapshot(self.limits.len(), |i| self.limits[i].algorithm())
+        snapshot(&self.limits)
     }
 
     fn decide<Q>(&self, gcras: &Snapshot, key: &Q, n: u64) -> MultiDecision

@@ -1213,6 +1213,14 @@ async fn a_quota_changed_while_serving_shows_on_the_next_response() {
     .await;
     let urls = [&keyed_url, &direct_url, &multi_url];
     let k1: Headers = &[("x-api-key", b"k1")];
+    // Every served limiter's quota, through `&self` while the servers run
+    // (the multi-limiter's first limit; its hourly one stays).
+    let change = |quota: &str| {
+        keyed.set_quota(quota.parse().expect("quota"));
+        direct.set_quota(quota.parse().expect("quota"));
+        let quotas = format!("{quota}; 100/h").parse().expect("quotas");
+        multi.set_quotas(quotas).expect("two limits");
+    };
 
     // Before: 5/min, one spent each.
     for url in urls {
@@ -1222,11 +1230,7 @@ async fn a_quota_changed_while_serving_shows_on_the_next_response() {
     }
     // Larger, while serving: 50/min. The spent token stays spent (12 s of
     // the old quota's time is 10 of the new one's).
-    keyed.set_quota("50/min".parse().expect("quota"));
-    direct.set_quota("50/min".parse().expect("quota"));
-    multi
-        .set_quotas("50/min; 100/h".parse().expect("quotas"))
-        .expect("two limits");
+    change("50/min");
     for url in urls {
         let response = get_with(url, k1).await;
         assert_eq!(response.status(), StatusCode::OK);
@@ -1238,11 +1242,7 @@ async fn a_quota_changed_while_serving_shows_on_the_next_response() {
     // Smaller: 2/min (T = 30 s, tau = 60 s). The 13.2 s owed stay owed:
     // this admission takes them to 43.2 s (r=0), the next would need
     // 73.2 s: 429 with the new policy.
-    keyed.set_quota("2/min".parse().expect("quota"));
-    direct.set_quota("2/min".parse().expect("quota"));
-    multi
-        .set_quotas("2/min; 100/h".parse().expect("quotas"))
-        .expect("two limits");
+    change("2/min");
     for url in urls {
         let response = get_with(url, k1).await;
         assert_eq!(response.status(), StatusCode::OK, "{url}");

@@ -10,7 +10,8 @@
 use std::sync::Arc;
 
 use loom::thread;
-use turnstile_rl::probe::{self, Probe};
+use turnstile_loom_tests::reached;
+use turnstile_rl::probe;
 use turnstile_rl::{Decision, DirectLimiter, ManualClock, Quota};
 
 /// Two quotas that differ in every parameter (burst, interval, tolerance):
@@ -30,14 +31,6 @@ fn whole(decision: Decision) {
     assert!(
         figures == (2, 1) || figures == (5, 4),
         "a check read a mix of two quotas: {figures:?}"
-    );
-}
-
-/// Asserts that `probe` was hit by this model's executions (after `since`).
-fn reached(since: usize, probe: &Probe, race: &str) {
-    assert!(
-        probe.last() > since,
-        "no execution reached {race}: the model passed without its race"
     );
 }
 

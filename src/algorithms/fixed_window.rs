@@ -156,15 +156,12 @@ impl FixedWindow {
 
 impl sealed::Sealed for FixedWindow {
     fn to_words(&self) -> [u64; sealed::WORDS] {
-        [self.period.get(), self.limit, 0]
+        super::window::to_words(self.period, self.limit)
     }
 
-    fn from_words([period, limit, _]: [u64; sealed::WORDS]) -> Self {
-        // The words are a window's own (`to_words`): the period is never zero.
-        FixedWindow {
-            period: NonZeroU64::new(period).unwrap_or(NonZeroU64::MIN),
-            limit,
-        }
+    fn from_words(words: [u64; sealed::WORDS]) -> Self {
+        let (period, limit) = super::window::from_words(words);
+        FixedWindow { period, limit }
     }
 }
 
