@@ -3,7 +3,7 @@
 //! next's, never a mix of two, and never waits for a writer.
 //!
 //! Each model asserts, after loom has explored it, that its race was
-//! reached (the crate's `probe` counters). Run with `scripts/loom.sh live`;
+//! reached (the crate's `probe` counters). Run with `scripts/loom.sh quota`;
 //! without both cfgs this file compiles to nothing.
 #![cfg(all(turnstile_loom, crossbeam_loom))]
 
@@ -66,7 +66,7 @@ fn a_check_racing_two_changes_reads_one_quota_whole() {
 /// one of the quotas whole; afterwards the limiter holds the change that
 /// came last, and counts both.
 #[test]
-fn two_changes_racing_a_check_take_turns() {
+fn two_quota_changes_racing_a_check_take_turns() {
     loom::model(|| {
         let limiter = Arc::new(DirectLimiter::with_clock(quota(FIRST), ManualClock::new()));
         let writers: Vec<_> = [SECOND, FIRST]
