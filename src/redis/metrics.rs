@@ -43,6 +43,10 @@ pub struct MetricsSnapshot {
     /// Checks decided by the failure policy (an error, a timeout, or an
     /// open breaker).
     pub fallback_decisions: u64,
+    /// Calls not sent because the breaker was open: the check or batch was
+    /// decided by the failure policy at once, the peek, refund or reset
+    /// answered [`RedisCallError::BreakerOpen`] at once.
+    pub breaker_rejections: u64,
     /// Latency of successful Redis calls (a batch's call counts once).
     pub latency: LatencySnapshot,
 }
@@ -76,6 +80,7 @@ pub(crate) struct Metrics {
     breaker_half_opened: AtomicU64,
     breaker_closed: AtomicU64,
     fallback_decisions: AtomicU64,
+    breaker_rejections: AtomicU64,
     /// Microseconds; `None` if the histogram could not be created.
     latency: Mutex<Option<Histogram<u64>>>,
     /// The last failed call's error, for operators.
@@ -107,6 +112,7 @@ impl Metrics {
             breaker_half_opened: AtomicU64::new(0),
             breaker_closed: AtomicU64::new(0),
             fallback_decisions: AtomicU64::new(0),
+            breaker_rejections: AtomicU64::new(0),
             latency: Mutex::new(Histogram::new_with_bounds(1, MAX_LATENCY_MICROS, 3).ok()),
             last_error: Mutex::new(None),
         }
@@ -130,6 +136,8 @@ impl Metrics {
         match error {
             RedisCallError::Timeout => bump(&self.timeouts),
             RedisCallError::Redis(_) | RedisCallError::BadReply(_) => bump(&self.redis_errors),
+            // Not a call: counted by `breaker_rejection`, and not Redis's error.
+            RedisCallError::BreakerOpen { .. } => return,
         }
         *self
             .last_error
@@ -146,6 +154,10 @@ impl Metrics {
 
     pub(crate) fn fallback(&self) {
         bump(&self.fallback_decisions);
+    }
+
+    pub(crate) fn breaker_rejection(&self) {
+        bump(&self.breaker_rejections);
     }
 
     pub(crate) fn transition(&self, transition: Option<Transition>) {
@@ -195,6 +207,7 @@ impl Metrics {
             breaker_half_opened: read(&self.breaker_half_opened),
             breaker_closed: read(&self.breaker_closed),
             fallback_decisions: read(&self.fallback_decisions),
+            breaker_rejections: read(&self.breaker_rejections),
             latency,
         }
     }
