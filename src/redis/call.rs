@@ -6,12 +6,9 @@
 //! [`RedisMulti`](super::RedisMulti) made from it share one `CallPath` in
 //! an `Arc`: one Redis, one breaker, one set of counters.
 //!
-//! [`CallPath::run`] sends the calls; what a failed call turns into is the
-//! caller's: a check (or batch) is decided by the failure policy
-//! ([`CallPath::fallback`]), an operation returns the typed
-//! [`RedisCallError`] inside
-//! [`RedisLimitError::Unavailable`](super::RedisLimitError::Unavailable),
-//! since a refund or reset that did not happen must not look as if it had.
+//! [`CallPath::run`] sends the calls; what a failed call turns into (the
+//! failure policy's decision, or an error for an operation) is said once,
+//! in the `redis` module docs.
 
 use std::num::NonZeroU64;
 use std::time::{Duration, Instant};

@@ -4,8 +4,9 @@
 //! If each of 20 gateways counts alone, a user spread across them gets 20
 //! times the limit; so the state lives in Redis and every check updates it
 //! atomically, with one Lua script. A check is one round trip (tens of
-//! microseconds on loopback: the README has the measured figures), wrapped
-//! in:
+//! microseconds on loopback: the README has the measured figures). Every
+//! Redis call, a check, a batch, a peek, refund or reset, on one limit or
+//! on several ([`RedisMulti`]), takes one path that wraps it in:
 //!
 //! - **a timeout** (default [`DEFAULT_TIMEOUT`], configurable): a slow Redis
 //!   costs at most that;
@@ -13,15 +14,17 @@
 //!   stops calling Redis for a cool-down, so a dead Redis costs no timeouts,
 //!   then lets one probe through;
 //! - **a failure policy** ([`FailurePolicy`]): fail open, fail closed, or a
-//!   local [`KeyedLimiter`](crate::KeyedLimiter), for the requests Redis
-//!   could not decide;
+//!   local [`KeyedLimiter`](crate::KeyedLimiter), for the checks Redis
+//!   could not decide (a peek, refund or reset it did not answer is an
+//!   error instead: [`RedisLimitError::Unavailable`]);
 //! - **reconnection** by the redis crate's connection manager (or cluster
 //!   client) by itself when Redis comes back;
 //! - optional **leases** ([`RedisLimiterBuilder::lease`]): take `k` tokens per round trip and
 //!   spend them locally, for at most `gateways × (k − 1)` extra admissions
 //!   per window;
 //! - **metrics** ([`MetricsSnapshot`]): allowed, denied, errors, timeouts,
-//!   breaker transitions, fallback decisions, and the call's P50/P95/P99;
+//!   breaker transitions, calls the open breaker refused, fallback
+//!   decisions, and the call's P50/P95/P99;
 //!   the last failed call's [`RedisCallError`] from
 //!   [`RedisLimiter::last_error`].
 //!

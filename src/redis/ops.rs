@@ -9,12 +9,8 @@
 //! Rust by each limit's pure [`Gcra`](crate::Gcra) on the TATs the script
 //! read, and a reply that disagrees with them is a bad reply.
 //!
-//! Every call here takes the limiter's one call path (timeout, circuit
-//! breaker, metrics), as a check does: a multi-limit check Redis did not
-//! answer is decided by the failure policy; a peek, refund or reset is
-//! reported ([`RedisLimitError::Unavailable`], holding the typed
-//! [`RedisCallError`]) for the caller to handle, at once when the breaker
-//! is open.
+//! Every call here takes the limiter's one call path (timeout, breaker,
+//! failure policy, metrics: see the `redis` module docs), as a check does.
 
 use std::sync::Arc;
 
