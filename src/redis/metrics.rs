@@ -19,13 +19,15 @@ use super::error::RedisCallError;
 #[non_exhaustive]
 pub struct MetricsSnapshot {
     /// Checks allowed (by Redis, by a lease, or by the failure policy;
-    /// each key of a batch is a check).
+    /// each key of a batch is a check, and so is a multi-limit check; a
+    /// peek, refund or reset is not).
     pub allowed: u64,
     /// Checks denied (likewise).
     pub denied: u64,
-    /// Script calls sent to Redis: one per check that was not decided by a
-    /// lease or the breaker, one per batch (one per hash slot of the batch
-    /// on a Cluster).
+    /// Script calls sent to Redis: one per check, multi-limit check, peek,
+    /// refund or reset that was not decided by a lease or held back by the
+    /// breaker, one per batch (one per hash slot of the batch on a
+    /// Cluster).
     pub redis_calls: u64,
     /// Checks decided by spending locally leased tokens, with no call.
     pub lease_hits: u64,
