@@ -1,8 +1,9 @@
 //! The layer on a real tonic server (the generated grpc.health.v1 service
 //! from tonic-health), called by a real tonic client over loopback: an
 //! allowed call carries the rate-limit fields as metadata, a denied one is
-//! `RESOURCE_EXHAUSTED` with the wait in `retry-after` and
-//! `grpc-retry-pushback-ms`, and a refused key is `INVALID_ARGUMENT`.
+//! `RESOURCE_EXHAUSTED` with the wait in `retry-after`,
+//! `grpc-retry-pushback-ms` and a `google.rpc.RetryInfo` status detail, and
+//! a refused key is `INVALID_ARGUMENT`.
 #![cfg(feature = "tower")]
 
 use std::time::Duration;
@@ -13,6 +14,7 @@ use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
+use tonic_types::StatusExt;
 use turnstile_rl::http::{ClientIp, HttpKey, KeyExtractor, RateLimitLayer};
 use turnstile_rl::{KeyedLimiter, ManualClock};
 
@@ -99,6 +101,12 @@ async fn a_denied_grpc_call_is_resource_exhausted_with_the_wait() {
         metadata(denied.metadata(), "ratelimit"),
         Some("\"health\";r=0;t=60")
     );
+    // The richer error model: the exact wait as a google.rpc.RetryInfo in
+    // the status details, read with tonic-types.
+    let retry = denied
+        .get_details_retry_info()
+        .expect("a RetryInfo in the status details");
+    assert_eq!(retry.retry_delay, Some(Duration::from_secs(60)));
 }
 
 #[tokio::test]

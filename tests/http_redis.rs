@@ -2,7 +2,8 @@
 //! each with its own limiter and connection) in front of one real
 //! `redis-server`, asked by a real HTTP client over loopback. The quota is
 //! the fleet's, not each gateway's, and Redis going away answers by the
-//! limiter's failure policy.
+//! limiter's failure policy. A fleet's multi-limit (`RedisMulti`) goes
+//! behind the same layer.
 #![cfg(all(feature = "tower", feature = "redis"))]
 
 use std::net::SocketAddr;
@@ -14,11 +15,11 @@ use axum::routing::get;
 use axum::Router;
 use http::{HeaderName, StatusCode};
 use turnstile_rl::http::{ClientIp, KeyExtractor, RateLimitLayer};
-use turnstile_rl::redis::{FailurePolicy, RedisLimiter};
-use turnstile_rl::{KeyedLimiter, Quota};
+use turnstile_rl::redis::{FailurePolicy, RedisLimiter, TimeSource};
+use turnstile_rl::{KeyedLimiter, ManualClock, Quota};
 
 use http_server::serve;
-use redis_server::RedisServer;
+use redis_server::{redis_cli, RedisServer};
 use turnstile_test_kit::http_server;
 use turnstile_test_kit::redis_server;
 
@@ -33,15 +34,19 @@ async fn gateway(redis: &RedisServer, quota: &str, policy: FailurePolicy) -> Str
         .build()
         .await
         .expect("limiter");
-    let peer =
-        ClientIp::new().peer_addr_from(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0));
-    let key = KeyExtractor::header(HeaderName::from_static("x-api-key")).client_ip(peer);
     let layer = RateLimitLayer::builder(Arc::new(limiter))
         .name("fleet")
-        .key(key)
+        .key(api_key())
         .build()
         .expect("layer");
     serve(Router::new().route("/", get(|| async { "hello" }).layer(layer))).await
+}
+
+/// Requests are keyed by their `x-api-key` header.
+fn api_key() -> KeyExtractor {
+    let peer =
+        ClientIp::new().peer_addr_from(|ext| ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0));
+    KeyExtractor::header(HeaderName::from_static("x-api-key")).client_ip(peer)
 }
 
 async fn request(url: &str, api_key: &str) -> reqwest::Response {
@@ -148,4 +153,93 @@ async fn a_dead_redis_answers_by_the_failure_policy() {
         let waits = local_status == StatusCode::TOO_MANY_REQUESTS;
         assert_eq!(header(&fallback, "retry-after").is_some(), waits);
     }
+}
+
+/// A fleet's multi-limit behind the layer (issue 24: `RedisMulti` had no
+/// `Limiter` impl): the scenario of the local `KeyedMultiLimiter` in
+/// `tests/http_layer.rs`, from a real redis-server on a manual clock
+/// (client time), with per-minute and per-hour limits so that buckets
+/// outlive a slow machine (their expiry runs in Redis's real time). Then
+/// Redis is killed, and the limiter's failure policy answers, without a
+/// `RateLimit` field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_multi_limit_behind_the_layer_names_the_binding_limit() {
+    let mut redis = RedisServer::start().expect("redis-server");
+    let clock = ManualClock::starting_at(Duration::from_secs(1_000));
+    let limiter = RedisLimiter::builder("1/s".parse().expect("quota"))
+        .url(redis.url())
+        .timeout(Duration::from_millis(500))
+        .time_source(TimeSource::Client(Arc::new(clock.clone())))
+        .failure_policy(FailurePolicy::FailOpen)
+        .build()
+        .await
+        .expect("limiter");
+    let multi = Arc::new(
+        limiter
+            .multi("2/min; 3/h".parse().expect("quotas"))
+            .expect("multi"),
+    );
+    let layer = RateLimitLayer::builder(Arc::clone(&multi))
+        .name("search")
+        .key(api_key())
+        .build()
+        .expect("layer");
+    let url = serve(Router::new().route("/", get(|| async { "hello" }).layer(layer))).await;
+    let policy = Some("\"search-0\";q=2;w=60, \"search-1\";q=3;w=3600");
+    // The first limit's bucket in Redis (a header's key is `key:` and its
+    // value): a denied request must not move it.
+    let first_key = String::from_utf8(multi.redis_keys(b"key:k1")[0].clone()).expect("UTF-8");
+    let first_tat = || redis_cli(redis.port(), &["GET", &first_key]).expect("redis-cli");
+
+    // Two admitted: the first limit (one token per 30 s) binds.
+    for rate in ["\"search-0\";r=1;t=30", "\"search-0\";r=0;t=60"] {
+        let response = request(&url, "k1").await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(header(&response, "ratelimit-policy"), policy);
+        assert_eq!(header(&response, "ratelimit"), Some(rate));
+        assert_eq!(header(&response, "retry-after"), None);
+    }
+    // The first limit, the tightest, is spent: 429 naming it.
+    let denied = request(&url, "k1").await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&denied, "ratelimit-policy"), policy);
+    assert_eq!(header(&denied, "ratelimit"), Some("\"search-0\";r=0;t=60"));
+    assert_eq!(header(&denied, "retry-after"), Some("30"));
+    let body: serde_json::Value = denied.json().await.expect("json");
+    assert_eq!(body["policy"], "search-0");
+
+    // A minute later the first limit is full again; the second has one
+    // token left (one per 20 min), this request takes it, and it binds.
+    clock.advance(Duration::from_secs(60));
+    let response = request(&url, "k1").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        header(&response, "ratelimit"),
+        Some("\"search-1\";r=0;t=3540")
+    );
+    let before = first_tat();
+    assert!(!before.trim().is_empty(), "no bucket at {first_key}");
+    let denied = request(&url, "k1").await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&denied, "ratelimit"),
+        Some("\"search-1\";r=0;t=3540")
+    );
+    assert_eq!(header(&denied, "retry-after"), Some("1140"));
+    assert_eq!(first_tat(), before, "the denied request charged limit 0");
+    let m = limiter.metrics();
+    assert_eq!(
+        (m.allowed, m.denied, m.fallback_decisions),
+        (3, 2, 0),
+        "{m:?}"
+    );
+
+    // Redis killed: the limiter's policy (open) admits, and the headers
+    // give the policy but no state.
+    redis.kill();
+    let response = request(&url, "k1").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(header(&response, "ratelimit-policy"), policy);
+    assert_eq!(header(&response, "ratelimit"), None);
+    assert_eq!(limiter.metrics().fallback_decisions, 1);
 }

@@ -1,7 +1,8 @@
 //! Redis failing under the limiter: killed mid-run, restarted on the same
 //! port, paused with SIGSTOP. Each failure policy does what it says within
 //! the timeout, the breaker opens (and then costs no timeouts), and the
-//! limiter recovers by itself.
+//! limiter recovers by itself. Multi-limits and operations (peek, refund,
+//! reset) go through the same breaker, policy and metrics.
 #![cfg(feature = "redis")]
 
 use turnstile_test_kit::redis_server;
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use redis_server::RedisServer;
 use turnstile_rl::redis::{
-    BreakerConfig, BreakerState, FailurePolicy, RedisCallError, RedisLimiter,
+    BreakerConfig, BreakerState, FailurePolicy, RedisCallError, RedisLimitError, RedisLimiter,
 };
 use turnstile_rl::{KeyedLimiter, Quota};
 
@@ -22,16 +23,28 @@ const COOL_DOWN: Duration = Duration::from_millis(300);
 /// 2-core machine schedules late).
 const SLACK: Duration = Duration::from_millis(400);
 
+/// A cool-down that outlasts a test: once open, the breaker stays open (a
+/// probe would wait a timeout and blur what is measured).
+const NO_PROBE: Duration = Duration::from_secs(600);
+
 async fn limiter(
     server: &RedisServer,
     policy: FailurePolicy,
+) -> Result<RedisLimiter, Box<dyn std::error::Error>> {
+    limiter_cooling(server, policy, COOL_DOWN).await
+}
+
+async fn limiter_cooling(
+    server: &RedisServer,
+    policy: FailurePolicy,
+    cool_down: Duration,
 ) -> Result<RedisLimiter, Box<dyn std::error::Error>> {
     Ok(RedisLimiter::builder(Quota::per_minute(1)?.burst(3)?)
         .url(server.url())
         .timeout(TIMEOUT)
         .breaker(BreakerConfig {
             failure_threshold: 3,
-            cool_down: COOL_DOWN,
+            cool_down,
         })
         .failure_policy(policy)
         .build()
@@ -55,6 +68,15 @@ async fn timed_checks(
     Ok(allowed)
 }
 
+/// Whether `error` is a call that was sent and failed (Redis killed: a
+/// refused connection or a timeout), not one the open breaker held back.
+fn a_failed_call(error: Option<&RedisCallError>) -> bool {
+    matches!(
+        error,
+        Some(RedisCallError::Timeout | RedisCallError::Redis(_))
+    )
+}
+
 /// Kills the server mid-run, checks what `policy` answers, restarts it on
 /// the same port and waits for recovery. Returns the checks admitted while
 /// Redis was down (out of 20).
@@ -74,10 +96,7 @@ async fn outage(policy: FailurePolicy) -> Result<u32, Box<dyn std::error::Error>
     assert_eq!(m.redis_errors + m.timeouts, 3, "{m:?}");
     assert_eq!(m.fallback_decisions, 20);
     assert!(
-        matches!(
-            limiter.last_error(),
-            Some(RedisCallError::Timeout | RedisCallError::Redis(_))
-        ),
+        a_failed_call(limiter.last_error().as_ref()),
         "{:?}",
         limiter.last_error()
     );
@@ -116,22 +135,26 @@ async fn outage(policy: FailurePolicy) -> Result<u32, Box<dyn std::error::Error>
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_redis_with_fail_open_allows_everything_then_recovers() -> TestResult {
+async fn killed_redis_with_fail_open_allows_everything_single_or_multi() -> TestResult {
     assert_eq!(outage(FailurePolicy::FailOpen).await?, 20);
+    assert_eq!(multi_outage(FailurePolicy::FailOpen).await?, 20);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_redis_with_fail_closed_denies_everything_then_recovers() -> TestResult {
+async fn killed_redis_with_fail_closed_denies_everything_single_or_multi() -> TestResult {
     assert_eq!(outage(FailurePolicy::FailClosed).await?, 0);
+    assert_eq!(multi_outage(FailurePolicy::FailClosed).await?, 0);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_redis_with_a_local_fallback_enforces_the_local_quota_then_recovers() -> TestResult {
+async fn killed_redis_with_a_local_fallback_enforces_the_local_quota_single_or_multi() -> TestResult
+{
     // The local quota: 2 per minute per key on this gateway.
-    let local = KeyedLimiter::new(Quota::per_minute(2)?);
-    assert_eq!(outage(FailurePolicy::Local(local)).await?, 2);
+    let local = || Ok::<_, turnstile_rl::QuotaError>(KeyedLimiter::new(Quota::per_minute(2)?));
+    assert_eq!(outage(FailurePolicy::Local(local()?)).await?, 2);
+    assert_eq!(multi_outage(FailurePolicy::Local(local()?)).await?, 2);
     Ok(())
 }
 
@@ -215,5 +238,137 @@ async fn a_local_fallback_denies_a_cost_only_the_fleet_quota_can_meet() -> TestR
     assert!(d.is_denied(), "{d:?}");
     assert!(limiter.check_n("u", 2).await?.is_allowed());
     assert_eq!(limiter.metrics().fallback_decisions, 2);
+    Ok(())
+}
+
+/// A multi-limit (issue 24: it had no policy, breaker or metrics) with
+/// Redis killed mid-run: every check is the failure policy's, marked as a
+/// fallback, within the timeout; 3 failed calls open the shared breaker,
+/// after which checks return without calling Redis. Returns the checks
+/// admitted while Redis was down (out of 20).
+async fn multi_outage(policy: FailurePolicy) -> Result<u32, Box<dyn std::error::Error>> {
+    let mut server = RedisServer::start()?;
+    let limiter = limiter_cooling(&server, policy, NO_PROBE).await?;
+    // The first limit is the tightest: burst 3, so 3 of 5 pass.
+    let multi = limiter.multi("1/min burst 3; 10/h".parse()?)?;
+    let mut allowed = 0;
+    for _ in 0..5 {
+        let d = multi.check("u").await?;
+        assert!(!d.decision().is_fallback(), "{d:?}");
+        allowed += u32::from(d.is_allowed());
+    }
+    assert_eq!(allowed, 3);
+    let before = limiter.metrics();
+    assert_eq!((before.redis_calls, before.fallback_decisions), (5, 0));
+
+    server.kill();
+    let mut down = 0;
+    for _ in 0..20 {
+        let started = Instant::now();
+        let d = multi.check("v").await?;
+        let took = started.elapsed();
+        assert!(took <= TIMEOUT + SLACK, "a multi check took {took:?}");
+        assert!(d.decision().is_fallback(), "{d:?}");
+        down += u32::from(d.is_allowed());
+    }
+    assert_eq!(limiter.breaker_state(), BreakerState::Open);
+    let m = limiter.metrics();
+    assert_eq!(m.breaker_opened, 1);
+    // 3 failed calls opened the breaker; the other 17 never called Redis.
+    assert_eq!(m.redis_calls, 5 + 3, "{m:?}");
+    assert_eq!(m.redis_errors + m.timeouts, 3, "{m:?}");
+    assert_eq!(m.breaker_rejections, 17, "{m:?}");
+    assert_eq!(m.fallback_decisions, 20, "{m:?}");
+    assert_eq!(m.allowed + m.denied, 5 + 20, "{m:?}");
+
+    // With the breaker open, 100 multi checks take less than one timeout.
+    let started = Instant::now();
+    for _ in 0..100 {
+        assert!(multi.check("w").await?.decision().is_fallback());
+    }
+    let took = started.elapsed();
+    assert!(
+        took < TIMEOUT,
+        "100 checks with the breaker open took {took:?}"
+    );
+    assert_eq!(limiter.breaker_state(), BreakerState::Open);
+    let m = limiter.metrics();
+    assert_eq!((m.redis_calls, m.breaker_rejections), (8, 117), "{m:?}");
+    Ok(down)
+}
+
+/// Peek, refund and reset take the breaker too (issue 24: each waited the
+/// timeout with it open). Redis killed: the first three fail, each within
+/// the timeout and with the typed reason, and open the breaker; then every
+/// operation, single or multi, says `BreakerOpen` without calling Redis.
+/// Operations are not checks: no failure policy, no decision counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operations_go_through_the_breaker() -> TestResult {
+    let mut server = RedisServer::start()?;
+    let limiter = limiter_cooling(&server, FailurePolicy::FailOpen, NO_PROBE).await?;
+    let multi = limiter.multi("1/min burst 3; 10/h".parse()?)?;
+    assert!(limiter.check("u").await?.is_allowed());
+    assert!(multi.refund("u", 1).await.is_ok());
+
+    server.kill();
+    let unanswered = |result: Result<(), RedisLimitError>| match result {
+        Err(RedisLimitError::Unavailable(error)) => error,
+        other => panic!("expected Unavailable, got {other:?}"),
+    };
+    for op in 0..3 {
+        let started = Instant::now();
+        let result = match op {
+            0 => limiter.peek("u").await.map(drop),
+            1 => limiter.refund("u", 1).await.map(drop),
+            _ => multi.reset("u").await.map(drop),
+        };
+        let took = started.elapsed();
+        assert!(took <= TIMEOUT + SLACK, "operation {op} took {took:?}");
+        let error = unanswered(result);
+        assert!(a_failed_call(Some(&error)), "{error:?}");
+    }
+    assert_eq!(limiter.breaker_state(), BreakerState::Open);
+    let opened = limiter.metrics();
+    assert_eq!(opened.breaker_opened, 1, "{opened:?}");
+    assert_eq!(opened.redis_errors + opened.timeouts, 3, "{opened:?}");
+
+    // Six operations with the breaker open: less than one timeout in all
+    // (the old path waited a whole timeout for each).
+    let started = Instant::now();
+    let results = [
+        limiter.peek("u").await.map(drop),
+        limiter.refund("u", 1).await.map(drop),
+        limiter.reset("u").await.map(drop),
+        multi.peek_n("u", 1).await.map(drop),
+        multi.refund("u", 1).await.map(drop),
+        multi.reset("u").await.map(drop),
+    ];
+    let took = started.elapsed();
+    assert!(
+        took < TIMEOUT,
+        "6 operations with the breaker open took {took:?}"
+    );
+    for result in results {
+        let error = unanswered(result);
+        assert!(
+            matches!(error, RedisCallError::BreakerOpen { retry_in } if retry_in > Duration::ZERO),
+            "{error:?}"
+        );
+    }
+    let m = limiter.metrics();
+    assert_eq!(m.redis_calls, opened.redis_calls, "{m:?}");
+    assert_eq!(m.breaker_rejections, 6, "{m:?}");
+    // Operations are not decisions: only the one check before the kill.
+    assert_eq!(
+        (m.allowed, m.denied, m.fallback_decisions),
+        (1, 0, 0),
+        "{m:?}"
+    );
+    // The last error is the failure that opened the breaker, not a rejection.
+    assert!(
+        a_failed_call(limiter.last_error().as_ref()),
+        "{:?}",
+        limiter.last_error()
+    );
     Ok(())
 }

@@ -12,7 +12,11 @@
 //! - `retry-after`: whole seconds, rounded up, as on an HTTP 429;
 //! - `grpc-retry-pushback-ms`: milliseconds, rounded up, the key gRPC's own
 //!   retry policy (gRFC A6) reads, so a client with retries enabled waits
-//!   that long by itself.
+//!   that long by itself;
+//!
+//! and exactly, in the status details (`grpc-status-details-bin`), as a
+//! `google.rpc.RetryInfo`: the richer error model's retry delay, which
+//! tonic-types' `StatusExt::get_details_retry_info` reads.
 //!
 //! The `RateLimit-Policy` and `RateLimit` fields are metadata too. A
 //! refused key is `INVALID_ARGUMENT` (or `UNAUTHENTICATED`,
@@ -33,6 +37,15 @@ const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 /// `grpc-retry-pushback-ms` (gRFC A6).
 pub(crate) const GRPC_RETRY_PUSHBACK_MS: HeaderName =
     HeaderName::from_static("grpc-retry-pushback-ms");
+/// `grpc-status-details-bin`: the status as a `google.rpc.Status`.
+pub(crate) const GRPC_STATUS_DETAILS: HeaderName =
+    HeaderName::from_static("grpc-status-details-bin");
+
+/// The `Any` type URL of a `google.rpc.RetryInfo`.
+const RETRY_INFO_TYPE_URL: &str = "type.googleapis.com/google.rpc.RetryInfo";
+/// The longest `google.protobuf.Duration`, in seconds (10,000 years): a
+/// longer wait is sent as this, which a decoder accepts.
+const MAX_PROTO_DURATION_SECS: u64 = 315_576_000_000;
 
 // The gRPC status codes the layer answers with (grpc/doc/statuscodes.md).
 const UNKNOWN: u16 = 2;
@@ -85,6 +98,78 @@ pub(crate) fn pushback_ms(wait: Duration) -> u64 {
     u64::try_from(ms).unwrap_or(u64::MAX).max(1)
 }
 
+/// The `grpc-status-details-bin` value of a denial: a `google.rpc.Status`
+/// with `code`, `message` and one detail, a `google.rpc.RetryInfo` whose
+/// `retry_delay` is `wait`; protobuf, in unpadded base64 as gRPC sends
+/// binary metadata.
+///
+/// Encoded by hand (five length-delimited or varint fields), so the layer
+/// needs no protobuf runtime; `tests/http_grpc.rs` reads it back with
+/// tonic-types through a real tonic client.
+pub(crate) fn retry_details(code: u16, message: &str, wait: Duration) -> HeaderValue {
+    let mut duration = Vec::with_capacity(16);
+    varint_field(
+        &mut duration,
+        1,
+        wait.as_secs().min(MAX_PROTO_DURATION_SECS),
+    );
+    varint_field(&mut duration, 2, u64::from(wait.subsec_nanos()));
+    let mut retry_info = Vec::with_capacity(18);
+    bytes_field(&mut retry_info, 1, &duration);
+    let mut any = Vec::with_capacity(64);
+    bytes_field(&mut any, 1, RETRY_INFO_TYPE_URL.as_bytes());
+    bytes_field(&mut any, 2, &retry_info);
+    let mut status = Vec::with_capacity(message.len() + 80);
+    varint_field(&mut status, 1, u64::from(code));
+    bytes_field(&mut status, 2, message.as_bytes());
+    bytes_field(&mut status, 3, &any);
+    let encoded = base64_unpadded(&status);
+    // Base64 is visible ASCII, always a valid header value.
+    HeaderValue::from_maybe_shared(Bytes::from(encoded))
+        .unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// A protobuf varint.
+fn varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        // The low 7 bits, with the continuation bit.
+        out.push((value & 0x7f) as u8 | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+/// A varint field (wire type 0).
+fn varint_field(out: &mut Vec<u8>, field: u64, value: u64) {
+    varint(out, field << 3);
+    varint(out, value);
+}
+
+/// A length-delimited field (wire type 2).
+fn bytes_field(out: &mut Vec<u8>, field: u64, bytes: &[u8]) {
+    varint(out, (field << 3) | 2);
+    varint(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+/// Standard base64 (RFC 4648) without padding.
+fn base64_unpadded(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let group = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (i, &b)| acc | u32::from(b) << (16 - 8 * i));
+        // A chunk of n bytes gives n + 1 characters.
+        for i in 0..=chunk.len() {
+            let index = (group >> (18 - 6 * i)) & 0x3f;
+            out.push(char::from(ALPHABET[index as usize]));
+        }
+    }
+    out
+}
+
 /// `grpc-message` encoding: bytes outside printable ASCII, and `%`, as
 /// `%XX`.
 fn percent_encode(message: &str) -> String {
@@ -129,6 +214,29 @@ mod tests {
     #[test]
     fn messages_are_percent_encoded() {
         assert_eq!(percent_encode("100% \"é\""), "100%25 \"%C3%A9\"");
+    }
+
+    #[test]
+    fn base64_and_varints_match_their_specifications() {
+        // RFC 4648's test vectors, padding dropped.
+        for (plain, encoded) in [
+            ("", ""),
+            ("f", "Zg"),
+            ("fo", "Zm8"),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg"),
+            ("fooba", "Zm9vYmE"),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64_unpadded(plain.as_bytes()), encoded);
+        }
+        // The protobuf encoding guide's 150 and 300.
+        let mut out = Vec::new();
+        varint_field(&mut out, 1, 150);
+        assert_eq!(out, [0x08, 0x96, 0x01]);
+        out.clear();
+        varint(&mut out, 300);
+        assert_eq!(out, [0xac, 0x02]);
     }
 
     #[test]

@@ -84,10 +84,28 @@
 //! body (Trailers-Only). A denial is `RESOURCE_EXHAUSTED` (code 8) with
 //! `retry-after` (seconds) and `grpc-retry-pushback-ms` (milliseconds, what
 //! gRPC's retry policy reads) in the metadata, next to `ratelimit-policy`
-//! and `ratelimit`; a refused key is `INVALID_ARGUMENT`, a failed limiter
-//! `UNAVAILABLE`. A tonic server takes the layer as
-//! `Server::builder().layer(layer)`; tonic's peer address is its
-//! `TcpConnectInfo`, read with [`ClientIp::peer_addr_from`].
+//! and `ratelimit`, and the exact wait as a `google.rpc.RetryInfo` in the
+//! status details (`grpc-status-details-bin`; with tonic-types,
+//! `status.get_details_retry_info()`); a refused key is
+//! `INVALID_ARGUMENT`, a failed limiter `UNAVAILABLE`. A tonic server takes
+//! the layer as `Server::builder().layer(layer)`; tonic's peer address is
+//! its `TcpConnectInfo`, read with [`ClientIp::peer_addr_from`]:
+//!
+//! ```
+//! use tonic::codegen::http::HeaderName;
+//! use tonic::transport::server::TcpConnectInfo;
+//! use turnstile_rl::http::{ClientIp, KeyExtractor};
+//!
+//! let by_ip = KeyExtractor::peer_ip().client_ip(
+//!     ClientIp::new().peer_addr_from(|ext| ext.get::<TcpConnectInfo>()?.remote_addr()),
+//! );
+//! let by_api_key = KeyExtractor::header(HeaderName::from_static("x-api-key"));
+//! # let _ = (by_ip, by_api_key);
+//! ```
+//!
+//! The examples elsewhere in these docs name the `http` crate's types
+//! through axum (`axum::http::HeaderName`); tonic re-exports the same
+//! crate as `tonic::codegen::http`.
 //!
 //! # Several limits on one route
 //!

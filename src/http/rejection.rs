@@ -56,8 +56,8 @@ impl Denied<'_> {
 
     /// What the layer answers when no custom response is set: a `429` with
     /// an `application/problem+json` body naming the policy and the wait,
-    /// or for a gRPC call the status `RESOURCE_EXHAUSTED` with
-    /// `grpc-retry-pushback-ms` (see [`http`](crate::http#grpc)).
+    /// or for a gRPC call the status `RESOURCE_EXHAUSTED` with the wait in
+    /// its metadata and details (see [`http`](crate::http#grpc)).
     pub fn default_response(&self) -> Response<Bytes> {
         let retry = self.retry_after_secs();
         let detail = format!(
@@ -67,9 +67,12 @@ impl Denied<'_> {
         if self.grpc {
             let mut response = grpc::status_response(grpc::RESOURCE_EXHAUSTED, &detail);
             let wait = self.decision.retry_after().unwrap_or_default();
-            response
-                .headers_mut()
-                .insert(grpc::GRPC_RETRY_PUSHBACK_MS, grpc::pushback_ms(wait).into());
+            let headers = response.headers_mut();
+            headers.insert(grpc::GRPC_RETRY_PUSHBACK_MS, grpc::pushback_ms(wait).into());
+            headers.insert(
+                grpc::GRPC_STATUS_DETAILS,
+                grpc::retry_details(grpc::RESOURCE_EXHAUSTED, &detail, wait),
+            );
             return response;
         }
         let throttled = problem::Throttled {

@@ -125,15 +125,17 @@ pub enum KeyError {
 /// serving with connect info alone is not the fix.
 #[cfg(feature = "axum")]
 const NO_PEER_ADDR: &str = "the rate limiter cannot see the peer address: \
-    serve axum with into_make_service_with_connect_info::<SocketAddr>(), \
-    give other servers a turnstile_rl::http::PeerAddr extension, \
-    or set ClientIp::peer_addr_from; KeyExtractor::global() needs no address";
+    serve axum with into_make_service_with_connect_info::<SocketAddr>(); \
+    under tonic, set ClientIp::peer_addr_from to read its TcpConnectInfo; \
+    give other servers a turnstile_rl::http::PeerAddr extension \
+    or a ClientIp::peer_addr_from lookup; KeyExtractor::global() needs no address";
 #[cfg(not(feature = "axum"))]
 const NO_PEER_ADDR: &str = "the rate limiter cannot see the peer address: \
     under axum, enable turnstile's \"axum\" feature (it reads ConnectInfo<SocketAddr>) \
     and serve with into_make_service_with_connect_info::<SocketAddr>(); \
-    give other servers a turnstile_rl::http::PeerAddr extension, \
-    or set ClientIp::peer_addr_from; KeyExtractor::global() needs no address";
+    under tonic, set ClientIp::peer_addr_from to read its TcpConnectInfo; \
+    give other servers a turnstile_rl::http::PeerAddr extension \
+    or a ClientIp::peer_addr_from lookup; KeyExtractor::global() needs no address";
 
 /// A borrowed view of a request, for custom extractors.
 #[derive(Clone, Copy, Debug)]

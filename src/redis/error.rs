@@ -31,9 +31,13 @@ pub enum RedisBuildError {
     Connect(#[from] redis::RedisError),
 }
 
-/// A check (or batch) that can never be decided, whatever Redis does.
-/// Nothing is sent to Redis and no state changes.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+/// A call that can never be decided, whatever Redis does (nothing is sent
+/// to Redis and no state changes), or an operation Redis did not answer
+/// ([`Unavailable`](Self::Unavailable); checks get the failure policy's
+/// decision instead).
+// Not `Eq`: it may hold a `RedisCallError`, whose redis errors are not
+// equal to themselves (an I/O error compares unequal).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RedisLimitError {
     /// The cost is 0 or above the burst.
@@ -65,10 +69,12 @@ pub enum RedisLimitError {
         /// [`KeyTooLong`](Self::KeyTooLong)).
         source: Box<RedisLimitError>,
     },
-    /// Redis gave no answer to a peek, refund, reset or multi-limit call
-    /// (these have no failure policy: the caller decides what to do).
+    /// Redis did not answer a peek, refund or reset (single or several
+    /// limits), and why: these have no failure policy, since an operation
+    /// that did not happen must not look done; the caller decides. With the
+    /// breaker open it is [`RedisCallError::BreakerOpen`], at once.
     #[error("Redis did not answer: {0}")]
-    Unavailable(String),
+    Unavailable(#[from] RedisCallError),
     /// A client-side clock ([`TimeSource::Client`](super::TimeSource)) read
     /// a time the script cannot hold exactly.
     #[error("the client clock reads {now:?}, past the {max:?} the script holds exactly")]
@@ -84,12 +90,20 @@ pub enum RedisLimitError {
 /// policy](super::FailurePolicy) decides the request instead and the
 /// [metrics](super::MetricsSnapshot) count it; the last one is kept for
 /// operators ([`RedisLimiter::last_error`](super::RedisLimiter::last_error)).
-#[derive(Clone, Debug, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RedisCallError {
     /// No reply within the timeout.
     #[error("no reply within the timeout")]
     Timeout,
+    /// Not sent: the circuit breaker is open after consecutive failures.
+    /// Never the [last error](super::RedisLimiter::last_error), which is
+    /// the failure that opened it.
+    #[error("not sent: the circuit breaker is open (Redis is tried again in {retry_in:?})")]
+    BreakerOpen {
+        /// How long until the breaker lets a probe call through.
+        retry_in: Duration,
+    },
     /// Redis (or the connection to it) failed.
     #[error(transparent)]
     Redis(redis::RedisError),

@@ -1,8 +1,9 @@
-//! The HTTP layer's [`Limiter`] for a shared [`RedisLimiter`], so one
-//! [`RateLimitLayer`](crate::http::RateLimitLayer) serves a fleet exactly as
-//! it serves a local limiter (features `redis` and `tower`).
+//! The HTTP layer's [`Limiter`] for a shared [`RedisLimiter`] or
+//! [`RedisMulti`], so one [`RateLimitLayer`](crate::http::RateLimitLayer)
+//! serves a fleet exactly as it serves a local limiter (features `redis`
+//! and `tower`).
 //!
-//! The layer holds an `Arc<RedisLimiter>`: each check moves a clone of the
+//! The layer holds an `Arc` of either: each check moves a clone of the
 //! `Arc` and of the key (two reference counts) into its future. Redis being
 //! down or slow is the limiter's [`FailurePolicy`](super::FailurePolicy)'s
 //! business, and arrives as a [fallback](crate::Decision::is_fallback)
@@ -15,7 +16,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use super::{RedisLimitError, RedisLimiter};
+use super::{RedisLimitError, RedisLimiter, RedisMulti};
 use crate::http::{HttpKey, Limiter};
 use crate::multi::MultiDecision;
 use crate::quota::Quota;
@@ -37,5 +38,25 @@ impl Limiter for Arc<RedisLimiter> {
 
     fn quota_version(&self) -> u64 {
         RedisLimiter::quota_version(self)
+    }
+}
+
+/// Several limits per key in Redis, all or nothing: the headers name the
+/// binding limit, and list every quota in `RateLimit-Policy`.
+impl Limiter for Arc<RedisMulti> {
+    type Error = RedisLimitError;
+    type Future = Pin<Box<dyn Future<Output = Result<MultiDecision, RedisLimitError>> + Send>>;
+
+    fn check(&self, key: &HttpKey) -> Self::Future {
+        let (limiter, key) = (Arc::clone(self), key.clone());
+        Box::pin(async move { RedisMulti::check(&limiter, &key).await })
+    }
+
+    fn quota(&self) -> Quota {
+        RedisMulti::quotas(self).first()
+    }
+
+    fn quotas(&self) -> Vec<Quota> {
+        RedisMulti::quotas(self).as_slice().to_vec()
     }
 }

@@ -19,13 +19,15 @@ use super::error::RedisCallError;
 #[non_exhaustive]
 pub struct MetricsSnapshot {
     /// Checks allowed (by Redis, by a lease, or by the failure policy;
-    /// each key of a batch is a check).
+    /// each key of a batch is a check, and so is a multi-limit check; a
+    /// peek, refund or reset is not).
     pub allowed: u64,
     /// Checks denied (likewise).
     pub denied: u64,
-    /// Script calls sent to Redis: one per check that was not decided by a
-    /// lease or the breaker, one per batch (one per hash slot of the batch
-    /// on a Cluster).
+    /// Script calls sent to Redis: one per check, multi-limit check, peek,
+    /// refund or reset that was not decided by a lease or held back by the
+    /// breaker, one per batch (one per hash slot of the batch on a
+    /// Cluster).
     pub redis_calls: u64,
     /// Checks decided by spending locally leased tokens, with no call.
     pub lease_hits: u64,
@@ -43,6 +45,10 @@ pub struct MetricsSnapshot {
     /// Checks decided by the failure policy (an error, a timeout, or an
     /// open breaker).
     pub fallback_decisions: u64,
+    /// Calls not sent because the breaker was open: the check or batch was
+    /// decided by the failure policy at once, the peek, refund or reset
+    /// answered [`RedisCallError::BreakerOpen`] at once.
+    pub breaker_rejections: u64,
     /// Latency of successful Redis calls (a batch's call counts once).
     pub latency: LatencySnapshot,
 }
@@ -76,6 +82,7 @@ pub(crate) struct Metrics {
     breaker_half_opened: AtomicU64,
     breaker_closed: AtomicU64,
     fallback_decisions: AtomicU64,
+    breaker_rejections: AtomicU64,
     /// Microseconds; `None` if the histogram could not be created.
     latency: Mutex<Option<Histogram<u64>>>,
     /// The last failed call's error, for operators.
@@ -107,6 +114,7 @@ impl Metrics {
             breaker_half_opened: AtomicU64::new(0),
             breaker_closed: AtomicU64::new(0),
             fallback_decisions: AtomicU64::new(0),
+            breaker_rejections: AtomicU64::new(0),
             latency: Mutex::new(Histogram::new_with_bounds(1, MAX_LATENCY_MICROS, 3).ok()),
             last_error: Mutex::new(None),
         }
@@ -130,6 +138,8 @@ impl Metrics {
         match error {
             RedisCallError::Timeout => bump(&self.timeouts),
             RedisCallError::Redis(_) | RedisCallError::BadReply(_) => bump(&self.redis_errors),
+            // Not a call: counted by `breaker_rejection`, and not Redis's error.
+            RedisCallError::BreakerOpen { .. } => return,
         }
         *self
             .last_error
@@ -146,6 +156,10 @@ impl Metrics {
 
     pub(crate) fn fallback(&self) {
         bump(&self.fallback_decisions);
+    }
+
+    pub(crate) fn breaker_rejection(&self) {
+        bump(&self.breaker_rejections);
     }
 
     pub(crate) fn transition(&self, transition: Option<Transition>) {
@@ -195,6 +209,7 @@ impl Metrics {
             breaker_half_opened: read(&self.breaker_half_opened),
             breaker_closed: read(&self.breaker_closed),
             fallback_decisions: read(&self.fallback_decisions),
+            breaker_rejections: read(&self.breaker_rejections),
             latency,
         }
     }

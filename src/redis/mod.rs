@@ -4,8 +4,9 @@
 //! If each of 20 gateways counts alone, a user spread across them gets 20
 //! times the limit; so the state lives in Redis and every check updates it
 //! atomically, with one Lua script. A check is one round trip (tens of
-//! microseconds on loopback: the README has the measured figures), wrapped
-//! in:
+//! microseconds on loopback: the README has the measured figures). Every
+//! Redis call, a check, a batch, a peek, refund or reset, on one limit or
+//! on several ([`RedisMulti`]), takes one path that wraps it in:
 //!
 //! - **a timeout** (default [`DEFAULT_TIMEOUT`], configurable): a slow Redis
 //!   costs at most that;
@@ -13,15 +14,17 @@
 //!   stops calling Redis for a cool-down, so a dead Redis costs no timeouts,
 //!   then lets one probe through;
 //! - **a failure policy** ([`FailurePolicy`]): fail open, fail closed, or a
-//!   local [`KeyedLimiter`](crate::KeyedLimiter), for the requests Redis
-//!   could not decide;
+//!   local [`KeyedLimiter`](crate::KeyedLimiter), for the checks Redis
+//!   could not decide (a peek, refund or reset it did not answer is an
+//!   error instead: [`RedisLimitError::Unavailable`]);
 //! - **reconnection** by the redis crate's connection manager (or cluster
 //!   client) by itself when Redis comes back;
 //! - optional **leases** ([`RedisLimiterBuilder::lease`]): take `k` tokens per round trip and
 //!   spend them locally, for at most `gateways × (k − 1)` extra admissions
 //!   per window;
 //! - **metrics** ([`MetricsSnapshot`]): allowed, denied, errors, timeouts,
-//!   breaker transitions, fallback decisions, and the call's P50/P95/P99;
+//!   breaker transitions, calls the open breaker refused, fallback
+//!   decisions, and the call's P50/P95/P99;
 //!   the last failed call's [`RedisCallError`] from
 //!   [`RedisLimiter::last_error`].
 //!
@@ -162,6 +165,7 @@
 //! GCRA.
 
 mod breaker;
+mod call;
 mod connection;
 mod error;
 #[cfg(feature = "tower")]
@@ -177,6 +181,8 @@ use std::num::NonZeroU64;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
+use redis::ScriptInvocation;
+
 pub use breaker::{BreakerConfig, BreakerState};
 pub use error::{RedisBuildError, RedisCallError, RedisLimitError};
 pub use metrics::{LatencySnapshot, MetricsSnapshot};
@@ -184,10 +190,10 @@ pub use ops::RedisMulti;
 pub use policy::FailurePolicy;
 pub use script::{MAX_NOW_MICROS, MAX_TOLERANCE_MICROS};
 
-use self::breaker::{Admission, Breaker};
+use self::breaker::Breaker;
+use self::call::CallPath;
 use self::connection::Connection;
 use self::lease::Leases;
-use self::metrics::Metrics;
 use self::script::{GcraScript, Reply};
 use crate::algorithms::Algorithm;
 use crate::clock::saturating_nanos;
@@ -421,8 +427,14 @@ impl RedisLimiterBuilder {
         } else {
             Connection::single(&self.nodes[0], self.timeout)?
         };
-        let interval =
-            NonZeroU64::new(saturating_nanos(script.interval())).unwrap_or(NonZeroU64::MIN);
+        let interval = script.interval_nanos();
+        let path = CallPath::new(
+            connection,
+            self.timeout,
+            Breaker::new(self.breaker, self.timeout),
+            self.policy,
+            self.time,
+        );
         Ok(RedisLimiter {
             current: RwLock::new(Arc::new(Current {
                 version: 0,
@@ -430,15 +442,10 @@ impl RedisLimiterBuilder {
                 script,
                 interval,
             })),
-            connection,
+            path: Arc::new(path),
             prefix: self.prefix,
             hash_tag: self.hash_tag,
-            timeout: self.timeout,
-            breaker: Breaker::new(self.breaker, self.timeout),
-            policy: self.policy,
-            time: self.time,
             leases,
-            metrics: Metrics::new(),
         })
     }
 }
@@ -454,15 +461,12 @@ pub struct RedisLimiter {
     /// `set_quota`. A call copies the `Arc` out (the lock is held for that
     /// copy only, never across a round trip) and runs wholly at that quota.
     current: RwLock<Arc<Current>>,
-    connection: Connection,
+    /// Connection, timeout, breaker, failure policy, clock and metrics:
+    /// shared with every [`RedisMulti`] made from this limiter.
+    path: Arc<CallPath>,
     prefix: Vec<u8>,
     hash_tag: HashTag,
-    timeout: Duration,
-    breaker: Breaker,
-    policy: FailurePolicy,
-    time: TimeSource,
     leases: Option<Leases>,
-    metrics: Metrics,
 }
 
 /// A [`RedisLimiter`]'s quota and what the script runs for it.
@@ -523,13 +527,13 @@ impl RedisLimiter {
         let key = key.as_ref();
         self.script().gcra().check_cost(n)?;
         check_key(key)?;
-        let now_micros = self.client_now()?;
+        let now_micros = self.path.client_now()?;
         let mut out = Vec::with_capacity(1);
         self.decide(&[(key, n)], Want::Lease, now_micros, &mut out)
             .await;
-        // `decide` answers every request it is given.
-        out.pop()
-            .ok_or_else(|| RedisLimitError::Unavailable("no decision was made".into()))
+        // `decide` answers every request it is given; were it not to, the
+        // failure policy would.
+        Ok(out.pop().unwrap_or_else(|| self.fallback(key, n)))
     }
 
     /// Decides one request of cost 1 for each of `keys`, in order, into
@@ -630,16 +634,17 @@ impl RedisLimiter {
                 Ok((key, cost(index)))
             })
             .collect::<Result<Vec<_>, RedisLimitError>>()?;
-        let now_micros = self.client_now()?;
+        let now_micros = self.path.client_now()?;
         self.decide(&requests, Want::Cost, now_micros, out).await;
         Ok(())
     }
 
     /// Decides valid `requests` (key, cost) in order into `out` (cleared
     /// first, then one decision per request), as a single check does for
-    /// one: leased tokens first, then one Redis call for the rest (one per
-    /// hash slot on a Cluster) under the breaker, then the failure policy
-    /// for every request Redis did not decide.
+    /// one: leased tokens first, then the rest through the one call path
+    /// (one script call, or one per hash slot on a Cluster, all in flight
+    /// at once), then the failure policy for every request Redis did not
+    /// decide.
     async fn decide(
         &self,
         requests: &[(&[u8], u64)],
@@ -660,7 +665,7 @@ impl RedisLimiter {
                     current.script.burst(),
                     current.interval,
                 )?;
-                self.metrics.lease_hit();
+                self.path.metrics().lease_hit();
                 Some(decision)
             })
             .collect();
@@ -668,98 +673,61 @@ impl RedisLimiter {
             .filter(|&i| decided[i].is_none())
             .collect();
         if !pending.is_empty() {
-            let (admission, transition) = self.breaker.admit(Instant::now());
-            self.metrics.transition(transition);
-            if admission != Admission::Reject {
-                let mut failed = false;
-                for (group, result) in self.call(requests, &pending, want, now_micros).await {
-                    match result {
-                        Ok(replies) => {
-                            for (i, reply) in group.into_iter().zip(replies) {
-                                let (key, n) = requests[i];
-                                decided[i] = Some(self.settle(key, n, reply));
-                            }
-                        }
-                        Err(error) => {
-                            self.metrics.failure(&error);
-                            failed = true;
-                        }
+            let redis_keys: Vec<Vec<u8>> = pending
+                .iter()
+                .map(|&i| self.redis_key(requests[i].0))
+                .collect();
+            let groups = self.groups(&redis_keys);
+            let costs: Vec<Vec<u64>> = groups
+                .iter()
+                .map(|group| group.iter().map(|&at| requests[pending[at]].1).collect())
+                .collect();
+            let calls: Vec<ScriptInvocation<'_>> = groups
+                .iter()
+                .zip(&costs)
+                .map(|(group, costs)| {
+                    current.script.invocation(
+                        group
+                            .iter()
+                            .zip(costs)
+                            .map(|(&at, &n)| (redis_keys[at].as_slice(), n, self.want(want, n))),
+                        now_micros,
+                    )
+                })
+                .collect();
+            let decode = |call: usize, reply: &[i64]| current.script.decode(reply, &costs[call]);
+            // An open breaker sends nothing: every pending request falls
+            // back; otherwise each call's requests get its replies or fall
+            // back with it.
+            if let Ok(results) = self.path.run(&calls, decode).await {
+                for (group, result) in groups.iter().zip(results) {
+                    for (&at, reply) in group.iter().zip(result.into_iter().flatten()) {
+                        let i = pending[at];
+                        let (key, n) = requests[i];
+                        decided[i] = Some(self.settle(key, n, reply));
                     }
                 }
-                let transition = if failed {
-                    self.breaker.on_failure(Instant::now())
-                } else {
-                    self.breaker.on_success()
-                };
-                self.metrics.transition(transition);
             }
         }
         out.extend(requests.iter().zip(decided).map(|(&(key, n), decision)| {
             let decision = decision.unwrap_or_else(|| self.fallback(key, n));
-            self.metrics.decision(decision.is_allowed());
+            self.path.decided(&decision);
             decision
         }));
     }
 
-    /// The script calls for `pending` requests: one in all on a single
-    /// server, one per hash slot on a Cluster (a script's keys must share
-    /// a slot), all in flight at once and bounded by one deadline. Each
-    /// call's requests (indexes into `requests`, in order) with its
-    /// replies, or why it gave none.
-    async fn call(
-        &self,
-        requests: &[(&[u8], u64)],
-        pending: &[usize],
-        want: Want,
-        now_micros: Option<u64>,
-    ) -> Vec<(Vec<usize>, Result<Vec<Reply>, RedisCallError>)> {
-        let redis_keys: Vec<(usize, Vec<u8>)> = pending
-            .iter()
-            .map(|&i| (i, self.redis_key(requests[i].0)))
-            .collect();
-        let groups: Vec<Vec<usize>> = if self.connection.is_cluster() {
-            let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-            for (at, (_, key)) in redis_keys.iter().enumerate() {
-                by_slot.entry(connection::slot(key)).or_default().push(at);
-            }
-            by_slot.into_values().collect()
-        } else {
-            vec![(0..redis_keys.len()).collect()]
-        };
-        let deadline = tokio::time::Instant::now() + self.timeout;
-        let calls = groups.into_iter().map(|group| {
-            let redis_keys = &redis_keys;
-            async move {
-                // One quota for the call: the script runs it, Rust decodes by it.
-                let script = self.script();
-                let costs: Vec<u64> = group
-                    .iter()
-                    .map(|&at| requests[redis_keys[at].0].1)
-                    .collect();
-                let invocation = script.invocation(
-                    group
-                        .iter()
-                        .zip(&costs)
-                        .map(|(&at, &n)| (redis_keys[at].1.as_slice(), n, self.want(want, n))),
-                    now_micros,
-                );
-                self.metrics.call();
-                let started = Instant::now();
-                let result = async {
-                    let reply =
-                        tokio::time::timeout_at(deadline, self.connection.invoke(&invocation))
-                            .await
-                            .map_err(|_| RedisCallError::Timeout)?
-                            .map_err(RedisCallError::from_redis)?;
-                    self.metrics.latency(started.elapsed());
-                    script.decode(&reply, &costs)
-                }
-                .await;
-                let indexes = group.iter().map(|&at| redis_keys[at].0).collect();
-                (indexes, result)
-            }
-        });
-        futures_util::future::join_all(calls).await
+    /// How `redis_keys` split into script calls: one call in all on a
+    /// single server, one per hash slot on a Cluster (a script's keys must
+    /// share a slot). Each group holds positions in `redis_keys`, in order.
+    fn groups(&self, redis_keys: &[Vec<u8>]) -> Vec<Vec<usize>> {
+        if !self.path.is_cluster() {
+            return vec![(0..redis_keys.len()).collect()];
+        }
+        let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (at, key) in redis_keys.iter().enumerate() {
+            by_slot.entry(connection::slot(key)).or_default().push(at);
+        }
+        by_slot.into_values().collect()
     }
 
     /// Tokens to ask Redis for, for a request of cost `n`.
@@ -795,50 +763,14 @@ impl RedisLimiter {
 
     /// The failure policy's decision, counted.
     fn fallback(&self, key: &[u8], n: u64) -> Decision {
-        self.metrics.fallback();
-        let retry_in = self.breaker.retry_in(Instant::now()).max(self.timeout);
         let current = self.current();
-        self.policy
-            .decide(key, n, current.script.burst(), current.interval, retry_in)
-    }
-
-    /// The client clock's reading in µs, or `None` for the server's TIME.
-    fn client_now(&self) -> Result<Option<u64>, RedisLimitError> {
-        match &self.time {
-            TimeSource::Server => Ok(None),
-            TimeSource::Client(clock) => {
-                let now = clock.now();
-                let micros = now / 1_000;
-                if micros >= MAX_NOW_MICROS {
-                    return Err(RedisLimitError::ClockOutOfRange {
-                        now: Duration::from_nanos(now),
-                        max: Duration::from_micros(MAX_NOW_MICROS - 1),
-                    });
-                }
-                Ok(Some(micros))
-            }
-        }
+        self.path
+            .fallback(key, n, current.script.burst(), current.interval)
     }
 
     /// The Redis key of `key`: prefix, then the key as the hash tag asks.
     pub fn redis_key(&self, key: &[u8]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.prefix.len() + key.len() + 2);
-        out.extend_from_slice(&self.prefix);
-        match &self.hash_tag {
-            HashTag::None => out.extend_from_slice(key),
-            HashTag::Key => {
-                out.push(b'{');
-                out.extend_from_slice(key);
-                out.push(b'}');
-            }
-            HashTag::Fixed(tag) => {
-                out.push(b'{');
-                out.extend_from_slice(tag.as_bytes());
-                out.push(b'}');
-                out.extend_from_slice(key);
-            }
-        }
-        out
+        redis_key(&self.prefix, &self.hash_tag, key)
     }
 
     /// The quota enforced now, as given (to the builder or to
@@ -874,8 +806,7 @@ impl RedisLimiter {
                 )));
             }
         }
-        let interval =
-            NonZeroU64::new(saturating_nanos(script.interval())).unwrap_or(NonZeroU64::MIN);
+        let interval = script.interval_nanos();
         let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
         *current = Arc::new(Current {
             version: current.version.wrapping_add(1),
@@ -913,23 +844,24 @@ impl RedisLimiter {
 
     /// The circuit breaker's state now.
     pub fn breaker_state(&self) -> BreakerState {
-        self.breaker.state(Instant::now())
+        self.path.breaker_state()
     }
 
     /// The failure policy.
     pub fn failure_policy(&self) -> &FailurePolicy {
-        &self.policy
+        self.path.policy()
     }
 
-    /// Counters and latency percentiles since the limiter was built.
+    /// Counters and latency percentiles since the limiter was built (its
+    /// [`RedisMulti`]s' calls and checks included: they share its path).
     pub fn metrics(&self) -> MetricsSnapshot {
-        self.metrics.snapshot()
+        self.path.metrics().snapshot()
     }
 
     /// The last failed Redis call's error (a timeout, a refused
     /// connection, a server error), if any: for logs and operators.
     pub fn last_error(&self) -> Option<RedisCallError> {
-        self.metrics.last_error()
+        self.path.metrics().last_error()
     }
 }
 
@@ -954,4 +886,25 @@ fn check_key(key: &[u8]) -> Result<(), RedisLimitError> {
         });
     }
     Ok(())
+}
+
+/// The Redis key of `key`: `prefix`, then the key as `hash_tag` asks.
+fn redis_key(prefix: &[u8], hash_tag: &HashTag, key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + key.len() + 2);
+    out.extend_from_slice(prefix);
+    match hash_tag {
+        HashTag::None => out.extend_from_slice(key),
+        HashTag::Key => {
+            out.push(b'{');
+            out.extend_from_slice(key);
+            out.push(b'}');
+        }
+        HashTag::Fixed(tag) => {
+            out.push(b'{');
+            out.extend_from_slice(tag.as_bytes());
+            out.push(b'}');
+            out.extend_from_slice(key);
+        }
+    }
+    out
 }

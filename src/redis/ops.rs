@@ -9,15 +9,17 @@
 //! Rust by each limit's pure [`Gcra`](crate::Gcra) on the TATs the script
 //! read, and a reply that disagrees with them is a bad reply.
 //!
-//! These calls have a timeout but no failure policy and no circuit breaker:
-//! a peek, refund or reset that Redis did not answer is reported
-//! ([`RedisLimitError::Unavailable`]) for the caller to handle.
+//! Every call here takes the limiter's one call path (timeout, breaker,
+//! failure policy, metrics: see the `redis` module docs), as a check does.
 
-use redis::Script;
+use std::sync::Arc;
 
+use redis::{Script, ScriptInvocation};
+
+use super::call::CallPath;
 use super::error::{RedisBuildError, RedisCallError, RedisLimitError};
 use super::script::GcraScript;
-use super::{check_key, HashTag, RedisLimiter};
+use super::{check_key, redis_key, HashTag, RedisLimiter};
 use crate::algorithms::Algorithm;
 use crate::decision::Decision;
 use crate::error::CostError;
@@ -129,9 +131,13 @@ impl RedisLimiter {
         Ok(outcome.flag > 0)
     }
 
-    /// Several limits per key on this limiter's connection, prefix and
-    /// time source: each decided in one script call, all or nothing. An
-    /// error if a quota cannot be held by the script in microseconds.
+    /// Several limits per key on this limiter's connection, prefix, time
+    /// source, circuit breaker, failure policy and metrics (shared, so one
+    /// outage opens one breaker for both): each check decided in one script
+    /// call, all or nothing. The [`RedisMulti`] owns what it needs (a
+    /// reference count on the limiter's call path), so it can outlive the
+    /// limiter and go behind the HTTP layer in an `Arc`. An error if a
+    /// quota cannot be held by the script in microseconds.
     ///
     /// ```no_run
     /// # async fn run(limiter: turnstile_rl::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
@@ -143,17 +149,18 @@ impl RedisLimiter {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn multi(&self, quotas: Quotas) -> Result<RedisMulti<'_>, RedisBuildError> {
+    pub fn multi(&self, quotas: Quotas) -> Result<RedisMulti, RedisBuildError> {
         let scripts = quotas
             .as_slice()
             .iter()
             .map(GcraScript::new)
             .collect::<Result<Vec<_>, _>>()?;
         Ok(RedisMulti {
-            limiter: self,
+            path: Arc::clone(&self.path),
+            prefix: self.prefix.clone(),
+            hash_tag: self.hash_tag.clone(),
             quotas,
             scripts,
-            script: ops_script().clone(),
         })
     }
 
@@ -169,7 +176,8 @@ impl RedisLimiter {
         scripts: &[GcraScript],
         n: u64,
     ) -> Result<Outcome, RedisLimitError> {
-        run_script(self, ops_script(), op, keys, scripts, n).await
+        let now = self.path.client_now()?;
+        Ok(run_ops(&self.path, op, keys, scripts, n, now).await?)
     }
 }
 
@@ -179,16 +187,32 @@ fn ops_script() -> &'static Script {
     SCRIPT.get_or_init(|| Script::new(include_str!("ops.lua")))
 }
 
-async fn run_script(
-    limiter: &RedisLimiter,
-    script: &Script,
+/// One `ops.lua` call for `keys` (one per limit, in one slot) through the
+/// one call path; `now` is the client clock's reading, if any.
+async fn run_ops(
+    path: &CallPath,
     op: Op,
     keys: &[Vec<u8>],
     scripts: &[GcraScript],
     n: u64,
-) -> Result<Outcome, RedisLimitError> {
-    let now = limiter.client_now()?;
-    let mut call = script.prepare_invoke();
+    now: Option<u64>,
+) -> Result<Outcome, RedisCallError> {
+    path.run_one(&invocation(op, keys, scripts, n, now), |reply| {
+        decode(reply, op, scripts, n)
+    })
+    .await
+}
+
+/// The `ops.lua` call: keys, then the op, the cost, the clock and each
+/// limit's `(T, tau)`, as the script's header lists them.
+fn invocation(
+    op: Op,
+    keys: &[Vec<u8>],
+    scripts: &[GcraScript],
+    n: u64,
+    now: Option<u64>,
+) -> ScriptInvocation<'static> {
+    let mut call = ops_script().prepare_invoke();
     for key in keys {
         call.key(key.as_slice());
     }
@@ -201,12 +225,7 @@ async fn run_script(
         let (t, tau) = s.micros();
         call.arg(t).arg(tau);
     }
-    let reply = tokio::time::timeout(limiter.timeout, limiter.connection.invoke(&call))
-        .await
-        .map_err(|_| RedisCallError::Timeout)
-        .and_then(|r| r.map_err(RedisCallError::from_redis))
-        .map_err(|e| RedisLimitError::Unavailable(e.to_string()))?;
-    decode(&reply, op, scripts, n).map_err(|e| RedisLimitError::Unavailable(e.to_string()))
+    call
 }
 
 /// Checks a reply against each limit's pure GCRA.
@@ -247,22 +266,48 @@ fn decode(
 
 /// Several limits per key on Redis, from [`RedisLimiter::multi`]: each
 /// check is one script call that charges every limit or none.
+///
+/// It shares its limiter's call path: the same connection, timeout,
+/// circuit breaker, failure policy and [metrics](RedisLimiter::metrics).
+/// A check Redis did not decide (an error, a timeout, the breaker open)
+/// gets the failure policy's decision, [marked as
+/// such](crate::Decision::is_fallback) and speaking for limit 0: open
+/// allows, closed denies until the breaker next tries Redis, and
+/// `FailurePolicy::Local` decides with its local limiter (its one quota,
+/// and the same local bucket for a key as the single limiter's checks).
+///
+/// Behind the HTTP layer, in an `Arc` (features `tower` and `redis`):
+///
+/// ```no_run
+/// # async fn run(limiter: turnstile_rl::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+/// use std::sync::Arc;
+/// use turnstile_rl::http::RateLimitLayer;
+///
+/// let multi = limiter.multi("10/s burst 20; 1000/h".parse()?)?;
+/// let layer = RateLimitLayer::builder(Arc::new(multi)).name("api").build()?;
+/// # let _ = layer;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
-pub struct RedisMulti<'l> {
-    limiter: &'l RedisLimiter,
+pub struct RedisMulti {
+    path: Arc<CallPath>,
+    prefix: Vec<u8>,
+    hash_tag: HashTag,
     quotas: Quotas,
     scripts: Vec<GcraScript>,
-    script: Script,
 }
 
-impl RedisMulti<'_> {
+impl RedisMulti {
     /// Decides one request of cost 1 for `key` against every limit.
     pub async fn check(&self, key: impl AsRef<[u8]>) -> Result<MultiDecision, RedisLimitError> {
         self.check_n(key, 1).await
     }
 
     /// Decides one request of cost `n`: every limit admits all `n` tokens
-    /// and all are charged, or none is.
+    /// and all are charged, or none is. An error (and no call) for a bad
+    /// key or cost; otherwise always a decision, from Redis or the failure
+    /// policy.
     ///
     /// ```no_run
     /// # async fn run(limiter: turnstile_rl::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
@@ -277,10 +322,23 @@ impl RedisMulti<'_> {
         key: impl AsRef<[u8]>,
         n: u64,
     ) -> Result<MultiDecision, RedisLimitError> {
-        self.decide(Op::Check, key.as_ref(), n).await
+        let key = key.as_ref();
+        let (keys, now) = self.prepare(key, n)?;
+        let decision = match run_ops(&self.path, Op::Check, &keys, &self.scripts, n, now).await {
+            Ok(outcome) => Self::binding(&outcome),
+            Err(_) => {
+                let first = &self.scripts[0];
+                self.path
+                    .fallback(key, n, first.burst(), first.interval_nanos())
+                    .into()
+            }
+        };
+        self.path.decided(&decision.decision());
+        Ok(decision)
     }
 
     /// The decision a check of cost `n` would get now, taking nothing.
+    /// [`RedisLimitError::Unavailable`] if Redis did not answer.
     ///
     /// ```no_run
     /// # async fn run(limiter: turnstile_rl::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
@@ -295,39 +353,21 @@ impl RedisMulti<'_> {
         key: impl AsRef<[u8]>,
         n: u64,
     ) -> Result<MultiDecision, RedisLimitError> {
-        self.decide(Op::Peek, key.as_ref(), n).await
+        let outcome = self.operate(Op::Peek, key.as_ref(), n).await?;
+        Ok(Self::binding(&outcome))
     }
 
     /// Gives `n` tokens of `key` back to every limit. Returns whether any
-    /// took some back.
+    /// took some back; [`RedisLimitError::Unavailable`] if Redis did not
+    /// answer.
     pub async fn refund(&self, key: impl AsRef<[u8]>, n: u64) -> Result<bool, RedisLimitError> {
-        self.check_cost(n)?;
-        let keys = self.keys(key.as_ref())?;
-        let outcome = run_script(
-            self.limiter,
-            &self.script,
-            Op::Refund,
-            &keys,
-            &self.scripts,
-            n,
-        )
-        .await?;
-        Ok(outcome.flag == 1)
+        Ok(self.operate(Op::Refund, key.as_ref(), n).await?.flag == 1)
     }
 
-    /// Forgets `key` in every limit. Returns whether any bucket existed.
+    /// Forgets `key` in every limit. Returns whether any bucket existed;
+    /// [`RedisLimitError::Unavailable`] if Redis did not answer.
     pub async fn reset(&self, key: impl AsRef<[u8]>) -> Result<bool, RedisLimitError> {
-        let keys = self.keys(key.as_ref())?;
-        let outcome = run_script(
-            self.limiter,
-            &self.script,
-            Op::Reset,
-            &keys,
-            &self.scripts,
-            1,
-        )
-        .await?;
-        Ok(outcome.flag > 0)
+        Ok(self.operate(Op::Reset, key.as_ref(), 1).await?.flag > 0)
     }
 
     /// The quotas, in order.
@@ -340,16 +380,11 @@ impl RedisMulti<'_> {
     /// tags, then the limit's position and parameters (so two lists never
     /// share a bucket by accident).
     pub fn redis_keys(&self, key: &[u8]) -> Vec<Vec<u8>> {
-        let base = match &self.limiter.hash_tag {
-            HashTag::None => {
-                let mut base = self.limiter.prefix.clone();
-                base.push(b'{');
-                base.extend_from_slice(key);
-                base.push(b'}');
-                base
-            }
-            HashTag::Key | HashTag::Fixed(_) => self.limiter.redis_key(key),
+        let tag = match &self.hash_tag {
+            HashTag::None => &HashTag::Key,
+            tagged => tagged,
         };
+        let base = redis_key(&self.prefix, tag, key);
         self.scripts
             .iter()
             .enumerate()
@@ -362,9 +397,18 @@ impl RedisMulti<'_> {
             .collect()
     }
 
-    fn keys(&self, key: &[u8]) -> Result<Vec<Vec<u8>>, RedisLimitError> {
+    /// A peek, refund or reset: Redis's answer, or why there is none.
+    async fn operate(&self, op: Op, key: &[u8], n: u64) -> Result<Outcome, RedisLimitError> {
+        let (keys, now) = self.prepare(key, n)?;
+        Ok(run_ops(&self.path, op, &keys, &self.scripts, n, now).await?)
+    }
+
+    /// Checks the key and cost, and reads the client clock: everything that
+    /// can refuse a call before it is sent.
+    fn prepare(&self, key: &[u8], n: u64) -> Result<(Vec<Vec<u8>>, Option<u64>), RedisLimitError> {
+        self.check_cost(n)?;
         check_key(key)?;
-        Ok(self.redis_keys(key))
+        Ok((self.redis_keys(key), self.path.client_now()?))
     }
 
     fn check_cost(&self, n: u64) -> Result<(), RedisLimitError> {
@@ -380,10 +424,8 @@ impl RedisMulti<'_> {
         }
     }
 
-    async fn decide(&self, op: Op, key: &[u8], n: u64) -> Result<MultiDecision, RedisLimitError> {
-        self.check_cost(n)?;
-        let keys = self.keys(key)?;
-        let outcome = run_script(self.limiter, &self.script, op, &keys, &self.scripts, n).await?;
-        Ok(peek_all(outcome.decisions.len(), |i| outcome.decisions[i]))
+    /// The binding limit of a check's or peek's decisions.
+    fn binding(outcome: &Outcome) -> MultiDecision {
+        peek_all(outcome.decisions.len(), |i| outcome.decisions[i])
     }
 }

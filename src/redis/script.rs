@@ -1,6 +1,7 @@
 //! The GCRA of [`Gcra`] as one Lua script, in integer microseconds; the
 //! reasoning is in the `redis` module docs ("The script").
 
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 use redis::{Script, ScriptInvocation};
@@ -8,6 +9,7 @@ use redis::{Script, ScriptInvocation};
 use super::error::{RedisBuildError, RedisCallError};
 use crate::algorithms::Algorithm;
 use crate::algorithms::Gcra;
+use crate::clock::saturating_nanos;
 use crate::decision::Decision;
 use crate::quota::Quota;
 
@@ -87,6 +89,11 @@ impl GcraScript {
     /// The emission interval the script runs (rounded up to whole µs).
     pub(crate) fn interval(&self) -> Duration {
         Duration::from_micros(self.interval_micros)
+    }
+
+    /// The emission interval the script runs, in ns (for decisions).
+    pub(crate) fn interval_nanos(&self) -> NonZeroU64 {
+        NonZeroU64::new(saturating_nanos(self.interval())).unwrap_or(NonZeroU64::MIN)
     }
 
     /// `(T, tau)` in whole microseconds, as the scripts take them.

@@ -1,0 +1,172 @@
+//! The one path every Redis call takes: a check, a batch, a peek, a
+//! refund, a reset, on one limit or several. It holds what a call needs
+//! around the script (the connection, the timeout, the circuit breaker, the
+//! failure policy, the time source and the metrics), so no call can skip
+//! one of them. A [`RedisLimiter`](super::RedisLimiter) and each
+//! [`RedisMulti`](super::RedisMulti) made from it share one `CallPath` in
+//! an `Arc`: one Redis, one breaker, one set of counters.
+//!
+//! [`CallPath::run`] sends the calls; what a failed call turns into (the
+//! failure policy's decision, or an error for an operation) is said once,
+//! in the `redis` module docs.
+
+use std::num::NonZeroU64;
+use std::time::{Duration, Instant};
+
+use redis::ScriptInvocation;
+
+use super::breaker::{Admission, Breaker, BreakerState};
+use super::connection::Connection;
+use super::error::{RedisCallError, RedisLimitError};
+use super::metrics::Metrics;
+use super::policy::FailurePolicy;
+use super::script::MAX_NOW_MICROS;
+use super::TimeSource;
+use crate::decision::Decision;
+
+/// What stands around every script call of one limiter and its multis.
+#[derive(Debug)]
+pub(crate) struct CallPath {
+    connection: Connection,
+    timeout: Duration,
+    breaker: Breaker,
+    policy: FailurePolicy,
+    time: TimeSource,
+    metrics: Metrics,
+}
+
+impl CallPath {
+    pub(crate) fn new(
+        connection: Connection,
+        timeout: Duration,
+        breaker: Breaker,
+        policy: FailurePolicy,
+        time: TimeSource,
+    ) -> Self {
+        CallPath {
+            connection,
+            timeout,
+            breaker,
+            policy,
+            time,
+            metrics: Metrics::new(),
+        }
+    }
+
+    /// Sends `calls` (script invocations; on a Cluster each one's keys in
+    /// one slot) and reads each reply with `decode(index, reply)`.
+    ///
+    /// The breaker is asked once for all of them: open, nothing is sent and
+    /// the answer is [`RedisCallError::BreakerOpen`] at once (counted in
+    /// [`MetricsSnapshot::breaker_rejections`](super::MetricsSnapshot::breaker_rejections)). Otherwise they are all in
+    /// flight together under one deadline (the timeout), each counted and
+    /// timed; each failure is counted and kept as the last error, and the
+    /// breaker hears one failure if any call failed, else one success.
+    pub(crate) async fn run<T>(
+        &self,
+        calls: &[ScriptInvocation<'_>],
+        decode: impl Fn(usize, &[i64]) -> Result<T, RedisCallError> + Sync,
+    ) -> Result<Vec<Result<T, RedisCallError>>, RedisCallError> {
+        let (admission, transition) = self.breaker.admit(Instant::now());
+        self.metrics.transition(transition);
+        if admission == Admission::Reject {
+            self.metrics.breaker_rejection();
+            return Err(RedisCallError::BreakerOpen {
+                retry_in: self.breaker.retry_in(Instant::now()),
+            });
+        }
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let decode = &decode;
+        let sent = calls.iter().enumerate().map(|(index, call)| async move {
+            self.metrics.call();
+            let started = Instant::now();
+            let reply = tokio::time::timeout_at(deadline, self.connection.invoke(call))
+                .await
+                .map_err(|_| RedisCallError::Timeout)?
+                .map_err(RedisCallError::from_redis)?;
+            self.metrics.latency(started.elapsed());
+            decode(index, &reply)
+        });
+        let results = futures_util::future::join_all(sent).await;
+        let mut failed = false;
+        for error in results.iter().filter_map(|r| r.as_ref().err()) {
+            self.metrics.failure(error);
+            failed = true;
+        }
+        let transition = if failed {
+            self.breaker.on_failure(Instant::now())
+        } else {
+            self.breaker.on_success()
+        };
+        self.metrics.transition(transition);
+        Ok(results)
+    }
+
+    /// [`run`](Self::run) for one call.
+    pub(crate) async fn run_one<T>(
+        &self,
+        call: &ScriptInvocation<'_>,
+        decode: impl Fn(&[i64]) -> Result<T, RedisCallError> + Sync,
+    ) -> Result<T, RedisCallError> {
+        self.run(std::slice::from_ref(call), |_, reply| decode(reply))
+            .await?
+            .into_iter()
+            .next()
+            .unwrap_or(Err(RedisCallError::BadReply("no reply to the call".into())))
+    }
+
+    /// The failure policy's decision for a check of `n` tokens of `key`
+    /// that Redis did not decide, on a limit of burst `limit` and interval
+    /// `interval`: counted, and marked [`Decision::is_fallback`].
+    pub(crate) fn fallback(
+        &self,
+        key: &[u8],
+        n: u64,
+        limit: u64,
+        interval: NonZeroU64,
+    ) -> Decision {
+        self.metrics.fallback();
+        let retry_in = self.breaker.retry_in(Instant::now()).max(self.timeout);
+        self.policy.decide(key, n, limit, interval, retry_in)
+    }
+
+    /// Counts a check's (or a batch key's) decision, however it was made.
+    pub(crate) fn decided(&self, decision: &Decision) {
+        self.metrics.decision(decision.is_allowed());
+    }
+
+    /// The client clock's reading in µs, or `None` for the server's TIME.
+    pub(crate) fn client_now(&self) -> Result<Option<u64>, RedisLimitError> {
+        match &self.time {
+            TimeSource::Server => Ok(None),
+            TimeSource::Client(clock) => {
+                let now = clock.now();
+                let micros = now / 1_000;
+                if micros >= MAX_NOW_MICROS {
+                    return Err(RedisLimitError::ClockOutOfRange {
+                        now: Duration::from_nanos(now),
+                        max: Duration::from_micros(MAX_NOW_MICROS - 1),
+                    });
+                }
+                Ok(Some(micros))
+            }
+        }
+    }
+
+    /// Whether this is a Cluster: a call's keys must then share a slot.
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.connection.is_cluster()
+    }
+
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub(crate) fn breaker_state(&self) -> BreakerState {
+        self.breaker.state(Instant::now())
+    }
+
+    pub(crate) fn policy(&self) -> &FailurePolicy {
+        &self.policy
+    }
+}
