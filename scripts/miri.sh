@@ -12,6 +12,6 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/miri"
 export RUSTFLAGS="--cfg turnstile_lean_tests ${RUSTFLAGS:-}"
 cargo +nightly miri setup >/dev/null
 MIRIFLAGS="-Zmiri-strict-provenance" \
-    cargo +nightly miri test --lib -- cell:: gcra::
+    cargo +nightly miri test --lib -- cell:: gcra:: live::
 MIRIFLAGS="-Zmiri-tree-borrows -Zmiri-ignore-leaks" \
     cargo +nightly miri test --lib -- map::

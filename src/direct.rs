@@ -8,6 +8,7 @@ use crate::cell::{Cell, Charge};
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::Decision;
 use crate::error::CostError;
+use crate::live::Live;
 use crate::quota::Quota;
 use crate::resets::Resets;
 
@@ -32,7 +33,8 @@ pub struct DirectLimiter<C: Clock = DefaultClock, A: Algorithm = Gcra> {
     /// Which bucket the cell holds, for multi-limit rollbacks: a new one
     /// after each reset.
     resets: Resets,
-    algorithm: A,
+    /// Read whole by every check, changed by `set_quota` (`crate::live`).
+    algorithm: Live<A>,
     clock: C,
 }
 
@@ -56,7 +58,7 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
         DirectLimiter {
             cell: Cell::new(0),
             resets: Resets::new(),
-            algorithm,
+            algorithm: Live::new(algorithm),
             clock,
         }
     }
@@ -65,21 +67,23 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
     #[inline]
     pub fn check(&self) -> Decision {
         // Cost 1 is always valid: every algorithm's limit is at least 1.
-        self.decide(1)
+        self.decide(&self.algorithm.load(), 1)
     }
 
     /// Decides one request of cost `n`: `n` tokens pass together or not at
     /// all. An error, not a denial, when `n` is 0 or above the burst.
     #[inline]
     pub fn check_n(&self, n: u64) -> Result<Decision, CostError> {
-        self.algorithm.check_cost(n)?;
-        Ok(self.decide(n))
+        let algorithm = self.algorithm.load();
+        algorithm.check_cost(n)?;
+        Ok(self.decide(&algorithm, n))
     }
 
+    /// Decides at the quota `algorithm`, read once for the whole check.
     #[inline]
-    fn decide(&self, cost: u64) -> Decision {
+    fn decide(&self, algorithm: &A, cost: u64) -> Decision {
         let now = self.clock.now();
-        match self.cell.update(&self.algorithm, now, cost) {
+        match self.cell.update(algorithm, now, cost) {
             Ok(decision) => decision,
             // A direct limiter has no evictor, so its cell is never claimed.
             Err(_) => unreachable!("a direct limiter's cell is never tombstoned"),
@@ -91,9 +95,17 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
         &self.clock
     }
 
-    /// The algorithm this limiter runs.
-    pub fn algorithm(&self) -> &A {
-        &self.algorithm
+    /// The algorithm this limiter runs now (a copy: a quota change
+    /// replaces it).
+    pub fn algorithm(&self) -> A {
+        self.algorithm.load()
+    }
+
+    /// A number that moves whenever the quota changes (0 until the first
+    /// [`set_quota`](DirectLimiter::set_quota)): what the HTTP layer
+    /// compares to know its `RateLimit-Policy` is current.
+    pub fn quota_version(&self) -> u64 {
+        self.algorithm.version()
     }
 }
 
@@ -113,7 +125,7 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
     /// ```
     pub fn peek(&self) -> Decision {
         // Cost 1 is always valid: every algorithm's limit is at least 1.
-        self.peek_as(1)
+        self.peek_as(&self.algorithm.load(), 1)
     }
 
     /// [`peek`](DirectLimiter::peek) for a request of cost `n`: an error,
@@ -128,8 +140,9 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
     /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
     pub fn peek_n(&self, n: u64) -> Result<Decision, CostError> {
-        self.algorithm.check_cost(n)?;
-        Ok(self.peek_as(n))
+        let algorithm = self.algorithm.load();
+        algorithm.check_cost(n)?;
+        Ok(self.peek_as(&algorithm, n))
     }
 
     /// Fills the bucket again, as if it had never been used. Returns whether
@@ -164,10 +177,10 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
         in_use.get()
     }
 
-    fn peek_as(&self, cost: u64) -> Decision {
+    fn peek_as(&self, algorithm: &A, cost: u64) -> Decision {
         let now = self.clock.now();
         // A direct cell is never claimed or frozen: `state` is always `Ok`.
-        self.algorithm
+        algorithm
             .decide(self.cell.state().unwrap_or(0), now, cost)
             .decision
     }
@@ -194,24 +207,23 @@ impl<C: Clock> DirectLimiter<C, Gcra> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn refund(&self, n: u64) -> Result<bool, CostError> {
-        self.algorithm.check_cost(n)?;
+        let algorithm = &self.algorithm.load();
+        algorithm.check_cost(n)?;
         let now = self.clock.now();
-        let algorithm = &self.algorithm;
         Ok(matches!(
             self.cell.modify(|tat| algorithm.refunded(tat, now, n)),
             Ok(Some(_))
         ))
     }
 
-    /// A check of cost `n` (already checked) that also reports the
-    /// admission it made and the generation of the bucket it made it on,
-    /// for the multi-limit rollback. An admission that a reset overlapped
-    /// is reported as none: it is never rolled back (see `crate::resets`).
-    pub(crate) fn charge(&self, n: u64) -> (Decision, Option<(Charge, u64)>) {
+    /// A check of cost `n` at the quota `gcra` (`n` already checked
+    /// against it) that also reports the admission it made and the
+    /// generation of the bucket it made it on, for the multi-limit
+    /// rollback. An admission that a reset overlapped is reported as none:
+    /// it is never rolled back (see `crate::resets`).
+    pub(crate) fn charge(&self, gcra: &Gcra, n: u64) -> (Decision, Option<(Charge, u64)>) {
         let now = self.clock.now();
-        let (charged, generation) = self
-            .resets
-            .charge(|| self.cell.charge(&self.algorithm, now, n));
+        let (charged, generation) = self.resets.charge(|| self.cell.charge(gcra, now, n));
         match charged {
             Ok((decision, charge)) => (decision, charge.zip(generation)),
             // A direct limiter has no evictor, so its cell is never claimed.
@@ -219,13 +231,13 @@ impl<C: Clock> DirectLimiter<C, Gcra> {
         }
     }
 
-    /// Takes the admission `charge` of cost `n` out again (see
-    /// `crate::multi`) if the cell still holds the bucket of `generation`,
-    /// the one it was charged to: after a reset, nothing. Returns whether
-    /// the state had moved since the charge (another admission or rollback
-    /// landed in between, or a reset).
-    pub(crate) fn roll_back(&self, charge: &Charge, generation: u64, n: u64) -> bool {
-        let algorithm = &self.algorithm;
+    /// Takes the admission `charge` of cost `n`, made at the quota `gcra`,
+    /// out again (see `crate::multi`) if the cell still holds the bucket of
+    /// `generation`, the one it was charged to: after a reset, nothing.
+    /// Returns whether the state had moved since the charge (another
+    /// admission or rollback landed in between, or a reset).
+    pub(crate) fn roll_back(&self, gcra: &Gcra, charge: &Charge, generation: u64, n: u64) -> bool {
+        let algorithm = gcra;
         let clock = &self.clock;
         let raced = std::cell::Cell::new(true);
         let current = self.resets.roll_back(generation, || {
@@ -244,34 +256,38 @@ impl<C: Clock> DirectLimiter<C, Gcra> {
         raced.get()
     }
 
-    /// Changes the quota, keeping what was spent: the TAT (the time the
-    /// bucket is full again) is kept, so no caller gets a fresh burst, and
-    /// clamped to an empty bucket of the new quota (`now + tau`), so a debt
-    /// beyond the new burst is forgiven rather than waited out.
-    ///
-    /// Takes `&mut self`: checks pay nothing on their path for a quota that
-    /// can change. Hold the limiter in a lock taken for writing only here if
-    /// it must change while shared.
+    /// Changes the quota while the limiter serves, through `&self`: checks
+    /// that begin after this returns decide at `quota`. Nothing is
+    /// rebuilt and the bucket is kept, by the one rule every limiter
+    /// follows ([`Quota`]'s "Changing a quota"): what was spent stays
+    /// spent, and a caller that spent more than the new burst waits until
+    /// its debt is within it.
     ///
     /// ```
+    /// use std::time::Duration;
     /// use turnstile_rl::{DirectLimiter, ManualClock};
     ///
-    /// let mut limiter = DirectLimiter::with_clock("10/s burst 20".parse()?, ManualClock::new());
+    /// let clock = ManualClock::new();
+    /// let limiter = DirectLimiter::with_clock("10/s burst 20".parse()?, clock.clone());
     /// let _ = limiter.check_n(10)?; // half the burst spent
     /// limiter.set_quota("10/s burst 40".parse()?);
     /// assert_eq!(limiter.peek().remaining(), 29, "40 - 10 spent - 1");
     /// limiter.set_quota("10/s burst 5".parse()?);
-    /// // Spent 10, more than the new burst of 5: empty, not in debt.
-    /// assert!(limiter.peek().is_denied());
-    /// assert_eq!(limiter.peek().retry_after(), Some(std::time::Duration::from_millis(100)));
+    /// // Spent 10 (1 s owed), more than the new burst of 5 (0.5 s): the
+    /// // first token comes when the debt is back within it, plus one T.
+    /// assert_eq!(limiter.peek().retry_after(), Some(Duration::from_millis(600)));
+    /// clock.advance(Duration::from_millis(600));
+    /// assert!(limiter.check().is_allowed());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn set_quota(&mut self, quota: Quota) {
-        let gcra = Gcra::new(&quota);
-        let now = self.clock.now();
-        // A direct limiter's cell is never tombstoned: the result is Ok.
-        let _ = self.cell.modify(|tat| gcra.clamped(tat, now));
-        self.algorithm = gcra;
+    pub fn set_quota(&self, quota: Quota) {
+        self.algorithm.store(Gcra::new(&quota));
+    }
+
+    /// The quota this limiter enforces now: `burst` requests per the time
+    /// an empty bucket takes to fill (see [`Gcra::quota`]).
+    pub fn quota(&self) -> Quota {
+        self.algorithm.load().quota()
     }
 }
 

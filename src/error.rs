@@ -118,6 +118,16 @@ pub enum QuotasError {
         /// The most allowed.
         max: usize,
     },
+    /// A running multi-limiter's quotas were changed to a list of another
+    /// length: each limit keeps its buckets, so the number of limits is
+    /// fixed when the limiter is built.
+    #[error("{given} quotas given for a limiter of {limits} limits: change each limit's quota, in order, or build a new limiter")]
+    CountChanged {
+        /// How many limits the limiter has.
+        limits: usize,
+        /// How many quotas were given.
+        given: usize,
+    },
     /// One quota of the list is wrong.
     #[error("quota {} of the list ({text:?}): {source}", index + 1)]
     Quota {

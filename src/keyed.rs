@@ -145,6 +145,7 @@ use crate::cell::{Charge, Gone};
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::Decision;
 use crate::error::{CostError, QuotaError};
+use crate::live::Live;
 use crate::map::{Evicted, Map, Pinned, Slot};
 use crate::quota::Quota;
 use crate::stats::{Counters, Event};
@@ -238,7 +239,8 @@ pub enum OverflowPolicy {
 /// ```
 pub struct KeyedLimiter<K, C: Clock = DefaultClock, A: Algorithm = Gcra> {
     map: Map<K>,
-    algorithm: A,
+    /// Read whole once per check, changed by `set_quota` (`crate::live`).
+    algorithm: Live<A>,
     clock: C,
     max_keys: usize,
     overflow: OverflowPolicy,
@@ -286,7 +288,7 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         // Cost 1 is always valid: every algorithm's limit is at least 1.
-        self.decide(key, 1, &self.algorithm)
+        self.decide(key, 1, &self.algorithm.load())
     }
 
     /// Decides one request of cost `n` for `key`: all `n` tokens or none. An
@@ -297,8 +299,9 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.algorithm.check_cost(n)?;
-        Ok(self.decide(key, n, &self.algorithm))
+        let algorithm = self.algorithm.load();
+        algorithm.check_cost(n)?;
+        Ok(self.decide(key, n, &algorithm))
     }
 
     /// Keys currently tracked (live buckets; idle ones count until evicted).
@@ -322,7 +325,8 @@ where
     /// the size of the first (then shrinks to fit the keys left).
     pub fn evict_idle(&self) -> usize {
         let now = self.clock.now();
-        let idle = |state| self.algorithm.is_idle(state, now);
+        let algorithm = self.algorithm.load();
+        let idle = |state| algorithm.is_idle(state, now);
         let evicted = self.map.pin().evict_all_idle(&idle);
         self.counters.add(Event::IdleEvictions, evicted as u64);
         evicted
@@ -343,12 +347,24 @@ where
         &self.clock
     }
 
-    /// The algorithm this limiter runs (for a GCRA limiter,
-    /// [`Gcra::quota`] gives its quota back).
-    pub fn algorithm(&self) -> &A {
-        &self.algorithm
+    /// The algorithm this limiter runs now, a copy: a quota change
+    /// replaces it (for a GCRA limiter, [`Gcra::quota`] gives its quota
+    /// back).
+    pub fn algorithm(&self) -> A {
+        self.algorithm.load()
     }
 
+    /// A number that moves whenever the quota changes (0 until the first
+    /// [`set_quota`](KeyedLimiter::set_quota)): what the HTTP layer
+    /// compares to know its `RateLimit-Policy` is current.
+    pub fn quota_version(&self) -> u64 {
+        self.algorithm.version()
+    }
+
+    /// Decides at `algorithm`: the limiter's own, read once for the whole
+    /// check, or a per-call GCRA quota (`check_with`). Housekeeping judges
+    /// idleness by it too: for GCRA that is `TAT <= now` whatever the
+    /// quota, and a window limiter's algorithm is never replaced.
     #[inline]
     fn decide<Q, D>(&self, key: &Q, cost: u64, algorithm: &D) -> Decision
     where
@@ -365,7 +381,7 @@ where
         // previous check's cache miss. At a million keys that serialized
         // every miss (BENCHMARKS.md, "The clock read after the lookup").
         let mut now = self.clock.now();
-        let idle = move |state| self.algorithm.is_idle(state, now);
+        let idle = move |state| algorithm.is_idle(state, now);
         self.tick(&map, now, &idle);
         self.decide_found(&map, hash, key, found, &mut now, cost, algorithm, &idle)
     }
@@ -759,7 +775,7 @@ where
     pub fn build(self) -> KeyedLimiter<K, C, A> {
         KeyedLimiter {
             map: self.hasher_seed.map_or_else(Map::new, Map::seeded),
-            algorithm: self.algorithm,
+            algorithm: Live::new(self.algorithm),
             clock: self.clock,
             max_keys: self.max_keys,
             overflow: self.overflow,

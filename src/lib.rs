@@ -67,6 +67,10 @@
 //!   closest to full among a sample; the other policies refuse or admit the
 //!   new key without tracking it instead.
 //! - Keys are independent: there is no cross-key ordering.
+//! - **A quota changes while serving** (`set_quota(&self)`), read whole by
+//!   each check: a check is decided wholly at one quota, and every bucket is
+//!   kept by one rule for every limiter (see [`Quota`], "Changing a quota
+//!   while serving").
 
 // The unit tests are plain `#[cfg(test)]` and never built with
 // `--cfg turnstile_loom` (scripts/loom.sh): that cfg swaps in loom's atomics
@@ -90,6 +94,7 @@ mod error;
 #[cfg(feature = "tower")]
 pub mod http;
 pub mod keyed;
+mod live;
 mod map;
 mod multi;
 #[cfg(turnstile_loom)]
@@ -115,7 +120,7 @@ pub use decision::Decision;
 pub use direct::DirectLimiter;
 pub use error::{BatchError, CostError, QuotaError, QuotasError};
 pub use keyed::{KeyedLimiter, KeyedLimiterBuilder, OverflowPolicy};
-pub use multi::{KeyedMultiLimiter, MultiDecision, MultiLimiter};
+pub use multi::{KeyedMultiLimiter, KeyedMultiLimiterBuilder, MultiDecision, MultiLimiter};
 pub use quota::Quota;
 pub use quotas::{Quotas, MAX_LIMITS};
 pub use sliding_log::SlidingLog;

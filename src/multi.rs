@@ -149,13 +149,18 @@ use std::borrow::Borrow;
 use std::cell::OnceCell;
 use std::hash::Hash;
 
+use std::marker::PhantomData;
+
+use crate::algorithms::{Algorithm, Gcra};
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::Decision;
 use crate::direct::DirectLimiter;
-use crate::error::CostError;
-use crate::keyed::KeyedLimiter;
+use crate::error::{CostError, QuotasError};
+use crate::keyed::{KeyedLimiter, OverflowPolicy, DEFAULT_MAX_KEYS};
 use crate::map::Pinned;
+use crate::quota::Quota;
 use crate::quotas::{Quotas, MAX_LIMITS};
+use crate::stats::Stats;
 
 /// The answer to a check against several limits: the [`Decision`] of the
 /// binding limit, and which limit that is.
@@ -311,15 +316,87 @@ pub(crate) fn peek_all(count: usize, peek: impl Fn(usize) -> Decision) -> MultiD
     }
 }
 
-/// Rejects a cost that some limit can never admit.
-fn check_cost(quotas: &Quotas, n: u64) -> Result<(), CostError> {
-    match n {
-        0 => Err(CostError::Zero),
-        n if n > quotas.min_burst() => Err(CostError::ExceedsBurst {
-            cost: n,
-            burst: quotas.min_burst(),
+/// Each limit's quota, read once for a whole multi-limit check: the
+/// charges, the rollbacks and the cost check all use these.
+type Snapshot = [Gcra; MAX_LIMITS];
+
+/// What a multi-limiter needs of each of its limits to read, change and
+/// count its quota: the direct and the keyed limiter alike.
+trait Limit {
+    fn gcra(&self) -> Gcra;
+    fn set(&self, quota: Quota);
+    fn version(&self) -> u64;
+}
+
+impl<C: Clock> Limit for DirectLimiter<C> {
+    fn gcra(&self) -> Gcra {
+        self.algorithm()
+    }
+    fn set(&self, quota: Quota) {
+        self.set_quota(quota);
+    }
+    fn version(&self) -> u64 {
+        self.quota_version()
+    }
+}
+
+impl<K: Hash + Eq + Send + Sync + 'static, C: Clock> Limit for KeyedLimiter<K, C> {
+    fn gcra(&self) -> Gcra {
+        self.algorithm()
+    }
+    fn set(&self, quota: Quota) {
+        self.set_quota(quota);
+    }
+    fn version(&self) -> u64 {
+        self.quota_version()
+    }
+}
+
+/// Reads the quota of each of `limits` (`1 ..= MAX_LIMITS` of them).
+fn snapshot(limits: &[impl Limit]) -> Snapshot {
+    let first = limits[0].gcra();
+    std::array::from_fn(|i| match limits.get(i) {
+        Some(limit) if i > 0 => limit.gcra(),
+        _ => first,
+    })
+}
+
+/// Gives each of `limits` its quota of `quotas`, in order; an error,
+/// changing nothing, for another number of quotas.
+fn set_each(limits: &[impl Limit], quotas: &Quotas) -> Result<(), QuotasError> {
+    if quotas.len() != limits.len() {
+        return Err(QuotasError::CountChanged {
+            limits: limits.len(),
+            given: quotas.len(),
+        });
+    }
+    for (limit, quota) in limits.iter().zip(quotas.as_slice()) {
+        limit.set(*quota);
+    }
+    Ok(())
+}
+
+/// The quotas of `limits` now (each as its bucket: [`Gcra::quota`]).
+fn quotas_now(limits: &[impl Limit]) -> Quotas {
+    Quotas::new(snapshot(limits)[..limits.len()].iter().map(Gcra::quota))
+        .expect("a multi-limiter has 1 ..= MAX_LIMITS limits")
+}
+
+/// A number that moves whenever a quota of `limits` changes.
+fn version_of(limits: &[impl Limit]) -> u64 {
+    limits.iter().map(Limit::version).sum()
+}
+
+/// Rejects a cost that some limit of `gcras` can never admit, naming the
+/// smallest burst.
+fn check_cost(gcras: &[Gcra], n: u64) -> Result<(), CostError> {
+    match gcras.iter().map(|gcra| gcra.check_cost(n)).find(Result::is_err) {
+        Some(Err(CostError::ExceedsBurst { cost, .. })) => Err(CostError::ExceedsBurst {
+            cost,
+            burst: gcras.iter().map(|g| g.quota().burst_size()).min().unwrap_or(0),
         }),
-        _ => Ok(()),
+        Some(error) => error,
+        None => Ok(()),
     }
 }
 
@@ -340,7 +417,6 @@ fn check_cost(quotas: &Quotas, n: u64) -> Result<(), CostError> {
 /// ```
 #[derive(Debug)]
 pub struct MultiLimiter<C: Clock = DefaultClock> {
-    quotas: Quotas,
     limits: Vec<DirectLimiter<C>>,
 }
 
@@ -359,7 +435,7 @@ impl<C: Clock + Clone> MultiLimiter<C> {
             .iter()
             .map(|quota| DirectLimiter::with_clock(*quota, clock.clone()))
             .collect();
-        MultiLimiter { quotas, limits }
+        MultiLimiter { limits }
     }
 }
 
@@ -375,7 +451,8 @@ impl<C: Clock> MultiLimiter<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn check(&self) -> MultiDecision {
-        self.decide(1)
+        // Cost 1 is within every burst.
+        self.decide(&self.snapshot(), 1)
     }
 
     /// Decides one request of cost `n`: all limits admit all `n` tokens, or
@@ -394,8 +471,9 @@ impl<C: Clock> MultiLimiter<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn check_n(&self, n: u64) -> Result<MultiDecision, CostError> {
-        check_cost(&self.quotas, n)?;
-        Ok(self.decide(n))
+        let gcras = self.snapshot();
+        check_cost(&gcras[..self.limits.len()], n)?;
+        Ok(self.decide(&gcras, n))
     }
 
     /// The decision a check of cost `n` would get now, taking nothing.
@@ -409,7 +487,7 @@ impl<C: Clock> MultiLimiter<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn peek_n(&self, n: u64) -> Result<MultiDecision, CostError> {
-        check_cost(&self.quotas, n)?;
+        check_cost(&self.snapshot()[..self.limits.len()], n)?;
         Ok(peek_all(self.limits.len(), |i| self.peek_one(i, n)))
     }
 
@@ -426,7 +504,7 @@ impl<C: Clock> MultiLimiter<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn refund(&self, n: u64) -> Result<bool, CostError> {
-        check_cost(&self.quotas, n)?;
+        check_cost(&self.snapshot()[..self.limits.len()], n)?;
         Ok(self
             .limits
             .iter()
@@ -450,9 +528,37 @@ impl<C: Clock> MultiLimiter<C> {
             .fold(false, |any, limit| limit.reset() | any)
     }
 
-    /// The quotas, in order.
-    pub fn quotas(&self) -> &Quotas {
-        &self.quotas
+    /// Changes every limit's quota while the limiter serves, limit by limit
+    /// (each as [`DirectLimiter::set_quota`] does, keeping its bucket). A
+    /// check racing the change may see some limits changed and not yet the
+    /// others, each of them whole. An error, changing nothing, when
+    /// `quotas` has another number of limits than the limiter.
+    ///
+    /// ```
+    /// use turnstile_rl::{MultiLimiter, QuotasError};
+    ///
+    /// let limiter = MultiLimiter::new("1/s; 100/h".parse()?);
+    /// limiter.set_quotas("5/s; 100/h".parse()?)?;
+    /// assert_eq!(limiter.check().decision().remaining(), 4);
+    /// assert!(matches!(
+    ///     limiter.set_quotas("5/s".parse()?),
+    ///     Err(QuotasError::CountChanged { limits: 2, given: 1 })
+    /// ));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_quotas(&self, quotas: Quotas) -> Result<(), QuotasError> {
+        set_each(&self.limits, &quotas)
+    }
+
+    /// The quotas enforced now, in order (each as its bucket:
+    /// [`Gcra::quota`]).
+    pub fn quotas(&self) -> Quotas {
+        quotas_now(&self.limits)
+    }
+
+    /// A number that moves whenever a limit's quota changes.
+    pub fn quota_version(&self) -> u64 {
+        version_of(&self.limits)
     }
 
     /// One limiter per quota, in order (to peek at each one).
@@ -460,13 +566,16 @@ impl<C: Clock> MultiLimiter<C> {
         &self.limits
     }
 
-    fn decide(&self, n: u64) -> MultiDecision {
+    fn snapshot(&self) -> Snapshot {
+        snapshot(&self.limits)
+    }
+
+    fn decide(&self, gcras: &Snapshot, n: u64) -> MultiDecision {
         check_all(
             self.limits.len(),
-            // The cost was checked against the smallest burst: every limit
-            // can take it.
-            |i| self.limits[i].charge(n),
-            |i, &(charge, generation)| self.limits[i].roll_back(&charge, generation, n),
+            // The cost was checked against every limit's burst.
+            |i| self.limits[i].charge(&gcras[i], n),
+            |i, &(charge, generation)| self.limits[i].roll_back(&gcras[i], &charge, generation, n),
             |i| self.peek_one(i, n),
         )
     }
@@ -481,31 +590,107 @@ impl<C: Clock> MultiLimiter<C> {
 /// Several limits per key, all or nothing: one [`KeyedLimiter`] per limit.
 ///
 /// ```
-/// use turnstile_rl::{KeyedMultiLimiter, ManualClock};
+/// use turnstile_rl::{KeyedMultiLimiter, ManualClock, OverflowPolicy};
 ///
-/// let limiter = KeyedMultiLimiter::<String, _>::with_clock(
-///     "10/s burst 20; 1000/h".parse()?,
-///     ManualClock::new(),
-/// );
+/// let limiter = KeyedMultiLimiter::<String, _>::builder("10/s burst 20; 1000/h".parse()?)
+///     .clock(ManualClock::new())
+///     .max_keys(100_000)
+///     .overflow(OverflowPolicy::Deny)
+///     .build();
 /// let d = limiter.check("alice");
 /// assert!(d.is_allowed());
 /// assert_eq!((d.binding(), d.decision().remaining()), (0, 19));
 /// assert!(limiter.peek("bob").is_allowed());
+/// assert_eq!(limiter.stats().live_keys, 2, "alice, in each of two limits");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
 pub struct KeyedMultiLimiter<K, C: Clock = DefaultClock> {
-    quotas: Quotas,
     limits: Vec<KeyedLimiter<K, C>>,
+}
+
+/// Builds a [`KeyedMultiLimiter`]: `KeyedMultiLimiter::builder(quotas)`.
+/// Every limit gets the same clock, bound and overflow policy.
+#[derive(Debug)]
+pub struct KeyedMultiLimiterBuilder<K, C = DefaultClock> {
+    quotas: Quotas,
+    clock: C,
+    max_keys: usize,
+    overflow: OverflowPolicy,
+    keys: PhantomData<fn() -> K>,
+}
+
+impl<K, C> KeyedMultiLimiterBuilder<K, C>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    C: Clock + Clone,
+{
+    /// Reads time from `clock` (a [`ManualClock`](crate::ManualClock) in
+    /// tests), in every limit.
+    pub fn clock<C2: Clock + Clone>(self, clock: C2) -> KeyedMultiLimiterBuilder<K, C2> {
+        KeyedMultiLimiterBuilder {
+            quotas: self.quotas,
+            clock,
+            max_keys: self.max_keys,
+            overflow: self.overflow,
+            keys: PhantomData,
+        }
+    }
+
+    /// Tracks at most `max_keys` keys at once in each limit (see
+    /// [`KeyedLimiterBuilder::max_keys`](crate::KeyedLimiterBuilder::max_keys)).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// What each limit does with a new key when `max_keys` are tracked
+    /// (see [`OverflowPolicy`]). A request one limit refuses for room is
+    /// denied and takes nothing from the others.
+    pub fn overflow(mut self, policy: OverflowPolicy) -> Self {
+        self.overflow = policy;
+        self
+    }
+
+    /// The limiter.
+    pub fn build(self) -> KeyedMultiLimiter<K, C> {
+        let limits = self
+            .quotas
+            .as_slice()
+            .iter()
+            .map(|quota| {
+                KeyedLimiter::builder(*quota)
+                    .clock(self.clock.clone())
+                    .max_keys(self.max_keys)
+                    .overflow(self.overflow)
+                    .build()
+            })
+            .collect();
+        KeyedMultiLimiter { limits }
+    }
 }
 
 impl<K> KeyedMultiLimiter<K>
 where
     K: Hash + Eq + Send + Sync + 'static,
 {
-    /// The limiter for `quotas` per key on the default clock.
+    /// The limiter for `quotas` per key on the default clock, with
+    /// [`DEFAULT_MAX_KEYS`](crate::keyed::DEFAULT_MAX_KEYS) per limit and
+    /// [`OverflowPolicy::EvictFullest`].
     pub fn new(quotas: Quotas) -> Self {
-        Self::with_clock(quotas, DefaultClock::new())
+        Self::builder(quotas).build()
+    }
+
+    /// A builder to choose the clock, the bound and the overflow policy, as
+    /// [`KeyedLimiter::builder`] does.
+    pub fn builder(quotas: Quotas) -> KeyedMultiLimiterBuilder<K> {
+        KeyedMultiLimiterBuilder {
+            quotas,
+            clock: DefaultClock::new(),
+            max_keys: DEFAULT_MAX_KEYS,
+            overflow: OverflowPolicy::default(),
+            keys: PhantomData,
+        }
     }
 }
 
@@ -514,14 +699,10 @@ where
     K: Hash + Eq + Send + Sync + 'static,
     C: Clock + Clone,
 {
-    /// The limiter for `quotas` per key, every limit reading `clock`.
+    /// The limiter for `quotas` per key, every limit reading `clock`
+    /// (`builder(quotas).clock(clock).build()`).
     pub fn with_clock(quotas: Quotas, clock: C) -> Self {
-        let limits = quotas
-            .as_slice()
-            .iter()
-            .map(|quota| KeyedLimiter::builder(*quota).clock(clock.clone()).build())
-            .collect();
-        KeyedMultiLimiter { quotas, limits }
+        KeyedMultiLimiter::builder(quotas).clock(clock).build()
     }
 }
 
@@ -536,7 +717,8 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.decide(key, 1)
+        // Cost 1 is within every burst.
+        self.decide(&self.snapshot(), key, 1)
     }
 
     /// Decides one request of cost `n` for `key`: every limit admits all
@@ -559,8 +741,9 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        check_cost(&self.quotas, n)?;
-        Ok(self.decide(key, n))
+        let gcras = self.snapshot();
+        check_cost(&gcras[..self.limits.len()], n)?;
+        Ok(self.decide(&gcras, key, n))
     }
 
     /// The decision a check of cost 1 for `key` would get now, taking
@@ -599,7 +782,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        check_cost(&self.quotas, n)?;
+        check_cost(&self.snapshot()[..self.limits.len()], n)?;
         Ok(peek_all(self.limits.len(), |i| self.peek_one(i, key, n)))
     }
 
@@ -620,7 +803,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        check_cost(&self.quotas, n)?;
+        check_cost(&self.snapshot()[..self.limits.len()], n)?;
         Ok(self.limits.iter().fold(false, |any, limit| {
             limit.refund(key, n).unwrap_or(false) | any
         }))
@@ -662,9 +845,78 @@ where
         self.limits.iter().map(KeyedLimiter::clear).sum()
     }
 
-    /// The quotas, in order.
-    pub fn quotas(&self) -> &Quotas {
-        &self.quotas
+    /// Forgets every idle bucket of every limit now (see
+    /// [`KeyedLimiter::evict_idle`]). Returns how many went.
+    pub fn evict_idle(&self) -> usize {
+        self.limits.iter().map(KeyedLimiter::evict_idle).sum()
+    }
+
+    /// The limits' gauges and counters added up: `live_keys` counts
+    /// buckets (a key tracked by each of two limits counts twice),
+    /// `capacity` the slots of every limit's table, `max_keys` the bound of
+    /// every limit together; each limit's own figures are in
+    /// [`limits`](KeyedMultiLimiter::limits)`()[i].stats()`.
+    ///
+    /// ```
+    /// use turnstile_rl::{KeyedMultiLimiter, OverflowPolicy};
+    ///
+    /// let limiter = KeyedMultiLimiter::<u64>::builder("10/s; 100/h".parse()?)
+    ///     .max_keys(1)
+    ///     .overflow(OverflowPolicy::Deny)
+    ///     .build();
+    /// let _ = limiter.check(&1);
+    /// assert!(limiter.check(&2).is_denied(), "no room in the first limit");
+    /// let stats = limiter.stats();
+    /// assert_eq!((stats.live_keys, stats.max_keys, stats.overflow_refusals), (2, 2, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn stats(&self) -> Stats {
+        self.limits
+            .iter()
+            .map(KeyedLimiter::stats)
+            .fold(Stats::default(), |sum, one| Stats {
+                live_keys: sum.live_keys + one.live_keys,
+                capacity: sum.capacity + one.capacity,
+                max_keys: sum.max_keys + one.max_keys,
+                idle_evictions: sum.idle_evictions + one.idle_evictions,
+                overflow_evictions: sum.overflow_evictions + one.overflow_evictions,
+                overflow_refusals: sum.overflow_refusals + one.overflow_refusals,
+                overflow_untracked: sum.overflow_untracked + one.overflow_untracked,
+                resets: sum.resets + one.resets,
+                // Process-wide already: the same figure in every limit.
+                cas_retries: one.cas_retries,
+            })
+    }
+
+    /// Changes every limit's quota while the limiter serves, limit by
+    /// limit (each as [`KeyedLimiter::set_quota`] does: every key keeps its
+    /// buckets). A check racing the change may see some limits changed and
+    /// not yet the others, each of them whole. An error, changing nothing,
+    /// when `quotas` has another number of limits than the limiter.
+    ///
+    /// ```
+    /// use turnstile_rl::KeyedMultiLimiter;
+    ///
+    /// let limiter = KeyedMultiLimiter::<u64>::new("10/s burst 20; 1000/h".parse()?);
+    /// let _ = limiter.check_n(&1, 5)?;
+    /// limiter.set_quotas("10/s burst 40; 1000/h".parse()?)?;
+    /// assert_eq!(limiter.check(&1).decision().remaining(), 34, "40 - 5 spent - 1");
+    /// assert!(limiter.set_quotas("10/s".parse()?).is_err(), "two limits, one quota");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_quotas(&self, quotas: Quotas) -> Result<(), QuotasError> {
+        set_each(&self.limits, &quotas)
+    }
+
+    /// The quotas enforced now, in order (each as its bucket:
+    /// [`Gcra::quota`]).
+    pub fn quotas(&self) -> Quotas {
+        quotas_now(&self.limits)
+    }
+
+    /// A number that moves whenever a limit's quota changes.
+    pub fn quota_version(&self) -> u64 {
+        version_of(&self.limits)
     }
 
     /// One keyed limiter per quota, in order (to peek at each, or read its
@@ -673,7 +925,11 @@ where
         &self.limits
     }
 
-    fn decide<Q>(&self, key: &Q, n: u64) -> MultiDecision
+    fn snapshot(&self) -> Snapshot {
+        snapshot(&self.limits)
+    }
+
+    fn decide<Q>(&self, gcras: &Snapshot, key: &Q, n: u64) -> MultiDecision
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -684,13 +940,12 @@ where
         let pins: [OnceCell<Pinned<'_, K>>; MAX_LIMITS] = std::array::from_fn(|_| OnceCell::new());
         check_all(
             self.limits.len(),
-            // The cost was checked against the smallest burst: every limit
-            // can take it.
+            // The cost was checked against every limit's burst.
             |i| {
                 let map = pins[i].get_or_init(|| self.limits[i].pin());
-                self.limits[i].charge(map, key, n)
+                self.limits[i].charge(map, &gcras[i], key, n)
             },
-            |i, &(charge, cell)| self.limits[i].roll_back(cell, &charge, n),
+            |i, &(charge, cell)| self.limits[i].roll_back(&gcras[i], cell, &charge, n),
             |i| self.peek_one(i, key, n),
         )
     }

@@ -163,3 +163,6 @@ impl Drop for Admitting {
         ADMITTING.fetch_sub(1, Ordering::Relaxed);
     }
 }
+/// A read of a limiter's quota (`crate::live`) found its slot rewritten
+/// by a second quota change during the read, and read again.
+pub static QUOTA_READ_RETRIED: Probe = Probe::new();

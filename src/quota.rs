@@ -54,6 +54,33 @@ const NANOS_PER_SEC: u64 = 1_000_000_000;
 /// assert_eq!(q.to_string(), "10/s burst 20");
 /// # Ok::<(), turnstile_rl::QuotaError>(())
 /// ```
+///
+/// # Changing a quota while serving
+///
+/// Every limiter changes its quota through `&self`, while it serves
+/// (`set_quota` on [`DirectLimiter`](crate::DirectLimiter),
+/// [`KeyedLimiter`](crate::KeyedLimiter) and the Redis limiter,
+/// `set_quotas` on the multi-limiters), and all follow one rule:
+///
+/// **A change keeps every bucket's state, its TAT (the time the bucket is
+/// full again), and the new quota decides on it as on any other state.**
+/// What a caller spent stays spent, as time owed: nobody gets a fresh
+/// burst, and no debt is forgiven. A request of cost `n` at `now` under
+/// the new `T'` and `tau' = B' * T'` waits
+///
+/// ```text
+/// retry_after = max(TAT, now) + n*T' - now - tau'
+/// ```
+///
+/// and is admitted when it has waited exactly that. So a caller that spent
+/// more than the new burst waits until its debt is back within the new
+/// tolerance: after spending 10 of `10/min` (`TAT = now + 60 s`), a change
+/// to `10/min burst 2` (`tau' = 12 s`) answers 54 s, and a larger burst
+/// admits at once what it can. The rule reads nothing but the state, the
+/// clock and the new quota, so it needs no pass over the keys, and a fleet
+/// on Redis agrees on it whenever each gateway makes the change. A check
+/// reads its quota once: it is decided wholly at the old quota or wholly
+/// at the new one.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct Quota {
     count: NonZeroU64,

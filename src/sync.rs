@@ -11,6 +11,24 @@ pub(crate) use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
 #[cfg(turnstile_loom)]
 pub(crate) use loom::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
 
+/// The lock quota changes take turns through (`crate::live`): never taken
+/// by a check.
+#[cfg(not(turnstile_loom))]
+pub(crate) use std::sync::Mutex;
+
+#[cfg(turnstile_loom)]
+pub(crate) use loom::sync::Mutex;
+
+/// A read that must try again (`crate::live`): a spin hint, or under loom
+/// a yield, so the model lets the writer it waits for run.
+#[inline]
+pub(crate) fn spin_loop() {
+    #[cfg(not(turnstile_loom))]
+    std::hint::spin_loop();
+    #[cfg(turnstile_loom)]
+    yield_now();
+}
+
 /// Lets another thread run while this one waits for it (loom must see it).
 #[cfg(not(turnstile_loom))]
 pub(crate) use std::thread::yield_now;

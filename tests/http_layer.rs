@@ -1157,3 +1157,112 @@ async fn a_trusted_proxys_unknown_client_counts_against_the_proxy() {
     // Nothing was charged: the proxy's own bucket is untouched.
     assert_eq!(status(&strict, &[]).await, OK);
 }
+
+/// `r` of a response's `RateLimit` and the (q, w) of the policy it names.
+fn rate_and_policy(response: &reqwest::Response) -> (u64, u64, u64) {
+    let rate = header(response, "ratelimit").expect("RateLimit");
+    let (name, rest) = rate.split_once(";r=").expect("r");
+    let remaining: u64 = rest.split(';').next().unwrap().parse().expect("r");
+    let items = policy_items(response);
+    let (_, q, w) = items
+        .iter()
+        .find(|(item, ..)| item == name)
+        .unwrap_or_else(|| panic!("{rate} names no policy of {items:?}"));
+    assert!(remaining <= *q, "{rate} beside {items:?}");
+    (remaining, *q, *w)
+}
+
+/// Issue 24, item 1: a quota changed while the layer serves (the limiter
+/// shared with the layer through an `Arc`, changed through `&self`)
+/// reaches the very next response: its `RateLimit-Policy` advertises the
+/// new quota and its `RateLimit` counts down from it, for a keyed, a
+/// direct and a keyed multi-limit layer, both ways (larger, then smaller).
+#[tokio::test]
+async fn a_quota_changed_while_serving_shows_on_the_next_response() {
+    let clock = ManualClock::new();
+    let keyed = std::sync::Arc::new(
+        KeyedLimiter::<HttpKey, _>::builder("5/min".parse().expect("quota"))
+            .clock(clock.clone())
+            .build(),
+    );
+    let direct = std::sync::Arc::new(turnstile_rl::DirectLimiter::with_clock(
+        "5/min".parse().expect("quota"),
+        clock.clone(),
+    ));
+    let multi = std::sync::Arc::new(
+        KeyedMultiLimiter::<HttpKey, _>::builder("5/min; 100/h".parse().expect("quotas"))
+            .clock(clock.clone())
+            .build(),
+    );
+    fn layer<L: Limiter>(limiter: L) -> RateLimitLayer<L> {
+        RateLimitLayer::builder(limiter)
+            .name("api")
+            .key(api_key())
+            .build()
+            .expect("layer")
+    }
+    let keyed_url = serve(one_route(layer(std::sync::Arc::clone(&keyed)))).await;
+    let direct_url = serve(one_route(layer(std::sync::Arc::clone(&direct)))).await;
+    let multi_url = serve(one_route(
+        RateLimitLayer::builder(std::sync::Arc::clone(&multi))
+            .policy_names(["api", "hourly"])
+            .key(api_key())
+            .build()
+            .expect("layer"),
+    ))
+    .await;
+    let urls = [&keyed_url, &direct_url, &multi_url];
+    let k1: Headers = &[("x-api-key", b"k1")];
+    // Every served limiter's quota, through `&self` while the servers run
+    // (the multi-limiter's first limit; its hourly one stays).
+    let change = |quota: &str| {
+        keyed.set_quota(quota.parse().expect("quota"));
+        direct.set_quota(quota.parse().expect("quota"));
+        let quotas = format!("{quota}; 100/h").parse().expect("quotas");
+        multi.set_quotas(quotas).expect("two limits");
+    };
+
+    // Before: 5/min, one spent each.
+    for url in urls {
+        let response = get_with(url, k1).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(rate_and_policy(&response), (4, 5, 60), "{url}");
+    }
+    // Larger, while serving: 50/min. The spent token stays spent (12 s of
+    // the old quota's time is 10 of the new one's).
+    change("50/min");
+    for url in urls {
+        let response = get_with(url, k1).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(rate_and_policy(&response), (39, 50, 60), "{url}");
+        assert!(header(&response, "ratelimit-policy")
+            .expect("policy")
+            .starts_with("\"api\";q=50;w=60"));
+    }
+    // Smaller: 2/min (T = 30 s, tau = 60 s). The 13.2 s owed stay owed:
+    // this admission takes them to 43.2 s (r=0), the next would need
+    // 73.2 s: 429 with the new policy.
+    change("2/min");
+    for url in urls {
+        let response = get_with(url, k1).await;
+        assert_eq!(response.status(), StatusCode::OK, "{url}");
+        assert_eq!(rate_and_policy(&response), (0, 2, 60), "{url}");
+        let response = get_with(url, k1).await;
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS, "{url}");
+        assert_eq!(rate_and_policy(&response), (0, 2, 60), "{url}");
+        // 73.2 s - 60 s tolerated: the next token in 13.2 s, rounded up.
+        assert_eq!(header(&response, "retry-after"), Some("14"), "{url}");
+        println!(
+            "after the change to 2/min, {url}: {} RateLimit-Policy: {} RateLimit: {} Retry-After: {}",
+            response.status(),
+            header(&response, "ratelimit-policy").unwrap_or("-"),
+            header(&response, "ratelimit").unwrap_or("-"),
+            header(&response, "retry-after").unwrap_or("-"),
+        );
+    }
+    // And the honoured wait: 13.2 s later, admitted.
+    clock.advance(Duration::from_millis(13_200));
+    for url in urls {
+        assert_eq!(get_with(url, k1).await.status(), StatusCode::OK, "{url}");
+    }
+}

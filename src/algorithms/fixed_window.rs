@@ -154,7 +154,16 @@ impl FixedWindow {
     }
 }
 
-impl sealed::Sealed for FixedWindow {}
+impl sealed::Sealed for FixedWindow {
+    fn to_words(&self) -> [u64; sealed::WORDS] {
+        super::window::to_words(self.period, self.limit)
+    }
+
+    fn from_words(words: [u64; sealed::WORDS]) -> Self {
+        let (period, limit) = super::window::from_words(words);
+        FixedWindow { period, limit }
+    }
+}
 
 impl Algorithm for FixedWindow {
     #[inline]

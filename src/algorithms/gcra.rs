@@ -108,20 +108,24 @@ impl Gcra {
         let next = tat.saturating_sub(back).saturating_add(elapsed).min(tat);
         (next != tat).then_some(next)
     }
-
-    /// The state a bucket of `tat` takes under this (new) quota at `now`:
-    /// the TAT is kept, so what a caller spent stays spent, but never more
-    /// than an empty bucket of this quota (`now + tau`), so a caller who had
-    /// spent more than the new burst owes no more than the new burst. `None`
-    /// when the TAT is already within the new tolerance.
-    pub(crate) fn clamped(&self, tat: u64, now: u64) -> Option<u64> {
-        let empty = now.saturating_add(self.tolerance);
-        // A stored TAT is below STATE_END, so `empty < tat` is storable too.
-        (tat > empty).then_some(empty)
-    }
 }
 
-impl sealed::Sealed for Gcra {}
+impl sealed::Sealed for Gcra {
+    #[inline]
+    fn to_words(&self) -> [u64; sealed::WORDS] {
+        [self.interval.get(), self.tolerance, self.burst.get()]
+    }
+
+    #[inline]
+    fn from_words([interval, tolerance, burst]: [u64; sealed::WORDS]) -> Self {
+        // The words are a Gcra's own (`to_words`): never zero.
+        Gcra {
+            interval: NonZeroU64::new(interval).unwrap_or(NonZeroU64::MIN),
+            tolerance,
+            burst: NonZeroU64::new(burst).unwrap_or(NonZeroU64::MIN),
+        }
+    }
+}
 
 impl Algorithm for Gcra {
     #[inline]

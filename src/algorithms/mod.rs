@@ -142,6 +142,16 @@ impl FromQuota for SlidingWindow {
 }
 
 pub(crate) mod sealed {
-    /// Keeps [`Algorithm`](super::Algorithm) to the crate's own algorithms.
-    pub trait Sealed {}
+    /// Words of an algorithm's parameters (see `to_words`).
+    pub const WORDS: usize = 3;
+
+    /// Keeps [`Algorithm`](super::Algorithm) to the crate's own algorithms,
+    /// and gives each one's parameters as words, so a limiter can hold them
+    /// in atomics and change them while checks read them (`crate::live`).
+    pub trait Sealed: Copy {
+        /// The parameters as words.
+        fn to_words(&self) -> [u64; WORDS];
+        /// The parameters back from [`to_words`](Sealed::to_words)'s words.
+        fn from_words(words: [u64; WORDS]) -> Self;
+    }
 }

@@ -283,7 +283,16 @@ impl SlidingWindow {
     }
 }
 
-impl sealed::Sealed for SlidingWindow {}
+impl sealed::Sealed for SlidingWindow {
+    fn to_words(&self) -> [u64; sealed::WORDS] {
+        super::window::to_words(self.period, self.limit)
+    }
+
+    fn from_words(words: [u64; sealed::WORDS]) -> Self {
+        let (period, limit) = super::window::from_words(words);
+        SlidingWindow { period, limit }
+    }
+}
 
 impl Algorithm for SlidingWindow {
     #[inline]

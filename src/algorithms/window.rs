@@ -4,8 +4,21 @@
 use std::num::NonZeroU64;
 use std::time::Duration;
 
+use super::sealed::WORDS;
 use crate::error::QuotaError;
 use crate::quota::Quota;
+
+/// A window algorithm's parameters (window length, limit) as the words of
+/// `Sealed::to_words`.
+pub(crate) fn to_words(period: NonZeroU64, limit: u64) -> [u64; WORDS] {
+    [period.get(), limit, 0]
+}
+
+/// The (window length, limit) of [`to_words`]'s words (never a zero
+/// length: the words are a window's own).
+pub(crate) fn from_words([period, limit, _]: [u64; WORDS]) -> (NonZeroU64, u64) {
+    (NonZeroU64::new(period).unwrap_or(NonZeroU64::MIN), limit)
+}
 
 /// 50 years of 365.25 days, in nanoseconds: how long after its clock's
 /// origin a packed window algorithm must keep distinct window indexes.

@@ -90,37 +90,90 @@ pub(crate) fn sf_string(name: &str) -> Result<String, NotPrintable> {
     Ok(out)
 }
 
-/// Which headers a layer writes, precomputed for its policies.
-#[derive(Clone, Debug)]
+/// Which headers a layer writes, for its policies.
+#[derive(Debug)]
 pub(crate) struct HeaderSet {
     /// The quoted policy names, one per limit.
     names: Vec<String>,
-    /// `RateLimit-Policy` (every policy, as one list), or `None` when the
-    /// IETF fields are off.
-    policy: Option<HeaderValue>,
+    /// Whether to write `RateLimit-Policy` and `RateLimit`.
+    ietf: bool,
     x_trio: bool,
+    /// This set's own number in each thread's [`RENDERED`] cache.
+    id: u64,
+}
+
+/// `RateLimit-Policy` values rendered on this thread: (layer, quota
+/// version, value). A response clones its layer's value (a reference
+/// count) while the limiter's [`quota_version`](super::Limiter::quota_version)
+/// is the one it was rendered for, and renders it again once, on each
+/// thread, after a quota change. Per thread, so no response waits for
+/// another and no lock or shared write is taken.
+type Rendered = Vec<(u64, u64, Option<HeaderValue>)>;
+
+thread_local! {
+    static RENDERED: std::cell::RefCell<Rendered> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Layers whose policy one thread keeps rendered (the oldest goes first).
+const RENDERED_LAYERS: usize = 16;
+
+/// Numbers the header sets, for [`RENDERED`]: never reused, so a dropped
+/// layer's entries can never be taken for a new layer's.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// `RateLimit-Policy` for `quotas` under `names` (sf-strings): every
+/// policy, as one list.
+fn render(names: &[String], quotas: &[Quota]) -> Option<HeaderValue> {
+    let policy = names
+        .iter()
+        .zip(quotas)
+        .map(|(name, quota)| format!("{name};q={};w={}", quota.burst_size(), window_secs(quota)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    HeaderValue::from_str(&policy).ok()
 }
 
 impl HeaderSet {
-    /// `policies` are (name, quota) pairs whose names are already
-    /// sf-strings ([`sf_string`]).
-    pub(crate) fn new(policies: Vec<(String, Quota)>, ietf: bool, x_trio: bool) -> Self {
-        let policy = policies
-            .iter()
-            .map(|(name, quota)| {
-                format!("{name};q={};w={}", quota.burst_size(), window_secs(quota))
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
+    /// `names` are the policies' names, already sf-strings
+    /// ([`sf_string`]), one per quota of the limiter.
+    pub(crate) fn new(names: Vec<String>, ietf: bool, x_trio: bool) -> Self {
         HeaderSet {
-            policy: ietf.then(|| HeaderValue::from_str(&policy).ok()).flatten(),
-            names: policies.into_iter().map(|(name, _)| name).collect(),
+            names,
+            ietf,
             x_trio,
+            // Relaxed: a counter; only its uniqueness matters.
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }
 
+    /// `RateLimit-Policy` for the limiter's quotas at `version`, or `None`
+    /// when the IETF fields are off: this thread's rendering while
+    /// `version` is the one it was made for, else `quotas()` rendered again
+    /// (read after `version`, so a value is never older than its version).
+    pub(crate) fn policy(&self, version: u64, quotas: impl FnOnce() -> Vec<Quota>) -> Option<HeaderValue> {
+        if !self.ietf {
+            return None;
+        }
+        RENDERED.with(|rendered| {
+            let mut rendered = rendered.borrow_mut();
+            let mine = rendered.iter().position(|&(id, ..)| id == self.id);
+            if let Some(i) = mine {
+                if rendered[i].1 == version {
+                    return rendered[i].2.clone();
+                }
+                rendered.remove(i);
+            } else if rendered.len() >= RENDERED_LAYERS {
+                rendered.remove(0);
+            }
+            let value = render(&self.names, &quotas());
+            rendered.push((self.id, version, value.clone()));
+            value
+        })
+    }
+
     /// Writes the rate-limit fields for `decision`, the decision of the
-    /// policy at `binding` (not `Retry-After`: see [`write_retry_after`]).
+    /// policy at `binding` (not `Retry-After`: see [`write_retry_after`]),
+    /// with `policy` from [`policy`](HeaderSet::policy).
     ///
     /// `RateLimit-Policy` and `RateLimit` are lists in the draft. One layer
     /// of several limits lists every policy in `RateLimit-Policy` and the
@@ -131,15 +184,21 @@ impl HeaderSet {
     /// policy only: the one with the fewest requests left (the binding
     /// one) wins, so stacked layers never mix two policies' numbers. A
     /// fallback decision writes the policy only (see the module docs).
-    pub(crate) fn write(&self, decision: &Decision, binding: usize, headers: &mut HeaderMap) {
+    pub(crate) fn write(
+        &self,
+        policy: Option<HeaderValue>,
+        decision: &Decision,
+        binding: usize,
+        headers: &mut HeaderMap,
+    ) {
         let fallback = decision.is_fallback();
         let remaining = decision.remaining();
         let reset = ceil_secs(decision.reset_after());
         // A binding index out of range (a limiter answering for a policy it
         // did not list) falls back to the first name rather than failing.
         let name = self.names.get(binding).or(self.names.first());
-        if let (Some(policy), Some(name)) = (&self.policy, name) {
-            headers.append(RATELIMIT_POLICY, policy.clone());
+        if let (Some(policy), Some(name)) = (policy, name) {
+            headers.append(RATELIMIT_POLICY, policy);
             if !fallback {
                 let mut value = String::with_capacity(name.len() + 24);
                 let _ = write!(value, "{name};r={remaining};t={reset}");
@@ -174,12 +233,14 @@ pub fn ietf_fields(
     binding: usize,
     decision: &Decision,
 ) -> Result<HeaderMap, NotPrintable> {
-    let policies = policies
+    let names = policies
         .iter()
-        .map(|(name, quota)| Ok((sf_string(name)?, *quota)))
+        .map(|(name, _)| sf_string(name))
         .collect::<Result<Vec<_>, NotPrintable>>()?;
+    let quotas: Vec<Quota> = policies.iter().map(|&(_, quota)| quota).collect();
     let mut headers = HeaderMap::new();
-    HeaderSet::new(policies, true, false).write(decision, binding, &mut headers);
+    let policy = render(&names, &quotas);
+    HeaderSet::new(names, true, false).write(policy, decision, binding, &mut headers);
     Ok(headers)
 }
 
@@ -217,47 +278,68 @@ mod tests {
 
     #[test]
     fn policy_window_is_whole_seconds() {
-        let set = |q: &str| HeaderSet::new(vec![("\"p\"".into(), q.parse().unwrap())], true, false);
-        assert_eq!(set("100/min").policy.unwrap(), "\"p\";q=100;w=60");
-        assert_eq!(set("3/1.5s").policy.unwrap(), "\"p\";q=3;w=2");
-        assert_eq!(set("10/ms").policy.unwrap(), "\"p\";q=10;w=1");
+        let set = |q: &str| render(&["\"p\"".into()], &[q.parse().unwrap()]).unwrap();
+        assert_eq!(set("100/min"), "\"p\";q=100;w=60");
+        assert_eq!(set("3/1.5s"), "\"p\";q=3;w=2");
+        assert_eq!(set("10/ms"), "\"p\";q=10;w=1");
         // The bucket, not the rate: what `r` counts down from.
-        assert_eq!(set("10/s burst 20").policy.unwrap(), "\"p\";q=20;w=2");
-        assert_eq!(set("1/min burst 5").policy.unwrap(), "\"p\";q=5;w=300");
+        assert_eq!(set("10/s burst 20"), "\"p\";q=20;w=2");
+        assert_eq!(set("1/min burst 5"), "\"p\";q=5;w=300");
         // The nanosecond rounding of 1/3 s adds no second.
-        assert_eq!(set("3/s").policy.unwrap(), "\"p\";q=3;w=1");
-        assert_eq!(set("7/s burst 14").policy.unwrap(), "\"p\";q=14;w=2");
+        assert_eq!(set("3/s"), "\"p\";q=3;w=1");
+        assert_eq!(set("7/s burst 14"), "\"p\";q=14;w=2");
     }
 
     #[test]
     fn a_fallback_decision_gets_the_policy_only() {
         let quota: Quota = "3/min".parse().unwrap();
-        let set = HeaderSet::new(vec![("\"p\"".into(), quota)], true, true);
+        let set = HeaderSet::new(vec!["\"p\"".into()], true, true);
+        let policy = || set.policy(0, || vec![quota]);
         let decision = crate::direct::DirectLimiter::new(quota).check();
         let mut headers = HeaderMap::new();
-        set.write(&decision.by_fallback(), 0, &mut headers);
+        set.write(policy(), &decision.by_fallback(), 0, &mut headers);
         assert_eq!(headers.len(), 1, "{headers:?}");
         assert_eq!(headers.get(RATELIMIT_POLICY).unwrap(), "\"p\";q=3;w=60");
         // The same decision from the limiter itself: every field.
-        set.write(&decision, 0, &mut headers);
+        set.write(policy(), &decision, 0, &mut headers);
         assert_eq!(headers.get(RATELIMIT).unwrap(), "\"p\";r=2;t=20");
         assert_eq!(headers.get(X_RATELIMIT_REMAINING).unwrap(), "2");
     }
 
+    /// The rendering is kept per version: the same version never renders
+    /// twice on a thread, a new one renders at once.
+    #[test]
+    fn the_policy_follows_the_quota_version() {
+        let set = HeaderSet::new(vec!["\"p\"".into()], true, false);
+        let renders = std::cell::Cell::new(0);
+        let quota = |text: &'static str| {
+            let renders = &renders;
+            move || {
+                renders.set(renders.get() + 1);
+                vec![text.parse().unwrap()]
+            }
+        };
+        assert_eq!(set.policy(0, quota("5/min")).unwrap(), "\"p\";q=5;w=60");
+        assert_eq!(set.policy(0, quota("50/min")).unwrap(), "\"p\";q=5;w=60");
+        assert_eq!(renders.get(), 1, "version 0 rendered once");
+        assert_eq!(set.policy(1, quota("50/min")).unwrap(), "\"p\";q=50;w=60");
+        assert_eq!(renders.get(), 2);
+        let off = HeaderSet::new(vec!["\"p\"".into()], false, true);
+        assert_eq!(off.policy(0, quota("5/min")), None);
+    }
+
     #[test]
     fn several_policies_make_one_list() {
-        let policies = vec![
-            ("\"a\"".into(), "10/s".parse().unwrap()),
-            ("\"b\"".into(), "1000/h".parse().unwrap()),
-        ];
-        let set = HeaderSet::new(policies, true, false);
+        let quotas = || vec!["10/s".parse().unwrap(), "1000/h".parse().unwrap()];
+        let set = HeaderSet::new(vec!["\"a\"".into(), "\"b\"".into()], true, false);
+        let policy = set.policy(0, quotas);
         assert_eq!(
-            set.policy.clone().unwrap(),
+            policy.clone().unwrap(),
             "\"a\";q=10;w=1, \"b\";q=1000;w=3600"
         );
         let mut headers = HeaderMap::new();
         let decision = crate::direct::DirectLimiter::new("1000/h".parse().unwrap()).check();
-        set.write(&decision, 1, &mut headers);
+        set.write(policy, &decision, 1, &mut headers);
         let rate = headers.get(RATELIMIT).unwrap().to_str().unwrap();
         assert!(rate.starts_with("\"b\";r=999;"), "{rate}");
     }

@@ -18,6 +18,7 @@ use super::key::KeyExtractor;
 use super::rejection::{Denied, OnDenied};
 use super::request::RequestParts;
 use super::{grpc, problem, Limiter};
+use crate::decision::Decision;
 use crate::multi::MultiDecision;
 
 /// What the layer does when its limiter fails (a Redis limiter whose store
@@ -146,6 +147,18 @@ struct Shared<L> {
     on_denied: OnDenied,
     shadow: bool,
     metrics: Metrics,
+}
+
+impl<L: Limiter> Shared<L> {
+    /// The rate-limit fields for `decision` (binding limit `binding`), with
+    /// `RateLimit-Policy` for the limiter's quotas now: rendered again
+    /// after a quota change, on the first response that follows it.
+    fn write_headers(&self, decision: &Decision, binding: usize, headers: &mut http::HeaderMap) {
+        let policy = self
+            .headers
+            .policy(self.limiter.quota_version(), || self.limiter.quotas());
+        self.headers.write(policy, decision, binding, headers);
+    }
 }
 
 /// A tower [`Layer`] that rate-limits requests: keys each request
@@ -384,15 +397,11 @@ impl<L: Limiter> RateLimitLayerBuilder<L> {
         };
         let quoted = policies
             .iter()
-            .zip(&quotas)
-            .map(|(name, quota)| {
-                let quoted = headers::sf_string(name).map_err(|NotPrintable(character)| {
-                    LayerError::BadName {
-                        name: name.clone(),
-                        character,
-                    }
-                })?;
-                Ok((quoted, *quota))
+            .map(|name| {
+                headers::sf_string(name).map_err(|NotPrintable(character)| LayerError::BadName {
+                    name: name.clone(),
+                    character,
+                })
             })
             .collect::<Result<Vec<_>, LayerError>>()?;
         // The layer's own name labels the metrics: check it too.
@@ -610,7 +619,7 @@ where
                     if let Some(decision) = decision {
                         let binding = decision.binding();
                         let headers = response.headers_mut();
-                        shared.headers.write(&decision.decision(), binding, headers);
+                        shared.write_headers(&decision.decision(), binding, headers);
                     }
                     return Poll::Ready(Ok(response.map(RateLimitBody::inner)));
                 }
@@ -645,7 +654,7 @@ fn refusal(grpc: bool, status: StatusCode, detail: &str) -> Response<Bytes> {
 
 /// A denial: the policy's response (default or custom), then the
 /// rate-limit fields and `Retry-After` from the same decision.
-fn denial<L>(shared: &Shared<L>, grpc: bool, multi: &MultiDecision) -> Response<Bytes> {
+fn denial<L: Limiter>(shared: &Shared<L>, grpc: bool, multi: &MultiDecision) -> Response<Bytes> {
     let decision = &multi.decision();
     let binding = multi.binding();
     let policy = shared.policies.get(binding).unwrap_or(&shared.name);
@@ -655,9 +664,7 @@ fn denial<L>(shared: &Shared<L>, grpc: bool, multi: &MultiDecision) -> Response<
         grpc,
     };
     let mut response = shared.on_denied.response(&denied);
-    shared
-        .headers
-        .write(decision, binding, response.headers_mut());
+    shared.write_headers(decision, binding, response.headers_mut());
     headers::write_retry_after(decision, response.headers_mut());
     response
 }

@@ -88,6 +88,15 @@ pub trait Limiter: Send + Sync + 'static {
     fn quotas(&self) -> Vec<Quota> {
         vec![self.quota()]
     }
+
+    /// A number that moves whenever [`quotas`](Limiter::quotas) may answer
+    /// differently: the layer renders `RateLimit-Policy` again on the first
+    /// response after it moves, and keeps the rendering while it does not.
+    /// Constant (`0`) by default, for quotas that never change; the
+    /// crate's limiters count their quota changes (`set_quota`).
+    fn quota_version(&self) -> u64 {
+        0
+    }
 }
 
 /// One bucket per key: the usual choice (per API key, user or client IP).
@@ -101,7 +110,11 @@ impl<C: Clock + 'static> Limiter for KeyedLimiter<HttpKey, C, Gcra> {
     }
 
     fn quota(&self) -> Quota {
-        self.algorithm().quota()
+        KeyedLimiter::quota(self)
+    }
+
+    fn quota_version(&self) -> u64 {
+        KeyedLimiter::quota_version(self)
     }
 }
 
@@ -118,7 +131,11 @@ impl<C: Clock + 'static> Limiter for DirectLimiter<C, Gcra> {
     }
 
     fn quota(&self) -> Quota {
-        self.algorithm().quota()
+        DirectLimiter::quota(self)
+    }
+
+    fn quota_version(&self) -> u64 {
+        DirectLimiter::quota_version(self)
     }
 }
 
@@ -139,6 +156,10 @@ impl<L: Limiter + ?Sized> Limiter for Arc<L> {
 
     fn quotas(&self) -> Vec<Quota> {
         (**self).quotas()
+    }
+
+    fn quota_version(&self) -> u64 {
+        (**self).quota_version()
     }
 }
 
@@ -161,6 +182,10 @@ impl<C: Clock + 'static> Limiter for KeyedMultiLimiter<HttpKey, C> {
     fn quotas(&self) -> Vec<Quota> {
         KeyedMultiLimiter::quotas(self).as_slice().to_vec()
     }
+
+    fn quota_version(&self) -> u64 {
+        KeyedMultiLimiter::quota_version(self)
+    }
 }
 
 /// Several limits on one shared bucket each, all or nothing (see
@@ -180,5 +205,9 @@ impl<C: Clock + 'static> Limiter for MultiLimiter<C> {
 
     fn quotas(&self) -> Vec<Quota> {
         MultiLimiter::quotas(self).as_slice().to_vec()
+    }
+
+    fn quota_version(&self) -> u64 {
+        MultiLimiter::quota_version(self)
     }
 }

@@ -80,7 +80,7 @@ where
         Q: Hash + Eq + ToOwned<Owned = K>,
     {
         // Cost 1 is always valid: every algorithm's limit is at least 1.
-        self.batch(keys, |_| 1, out, PREFETCH_DISTANCE);
+        self.batch(&self.algorithm.load(), keys, |_| 1, out, PREFETCH_DISTANCE);
     }
 
     /// [`check_batch`](KeyedLimiter::check_batch) with a cost per key: the
@@ -116,8 +116,10 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K>,
     {
-        BatchError::check(keys.len(), costs, |cost| self.algorithm.check_cost(cost))?;
-        self.batch(keys, |i| costs[i], out, PREFETCH_DISTANCE);
+        // One quota for the whole batch: the one its costs were checked at.
+        let algorithm = self.algorithm.load();
+        BatchError::check(keys.len(), costs, |cost| algorithm.check_cost(cost))?;
+        self.batch(&algorithm, keys, |i| costs[i], out, PREFETCH_DISTANCE);
         Ok(())
     }
 
@@ -134,13 +136,15 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K>,
     {
-        self.batch(keys, |_| 1, out, distance);
+        self.batch(&self.algorithm.load(), keys, |_| 1, out, distance);
     }
 
-    /// The batch loop; every `cost(i)` is valid for the limiter's algorithm.
+    /// The batch loop at `algorithm`, the limiter's quota read once for
+    /// the batch; every `cost(i)` is valid for it.
     #[inline]
     fn batch<Q>(
         &self,
+        algorithm: &A,
         keys: &[Q],
         cost: impl Fn(usize) -> u64,
         out: &mut Vec<Decision>,
@@ -154,7 +158,7 @@ where
             [] => return,
             // One key: a single check, with nothing to overlap.
             [key] => {
-                out.push(self.decide(key, cost(0), &self.algorithm));
+                out.push(self.decide(key, cost(0), algorithm));
                 return;
             }
             _ => {}
@@ -165,7 +169,7 @@ where
         // checks would run, at this same reading).
         let mut now = self.clock.now();
         let map = self.map.pin();
-        let idle = move |state| self.algorithm.is_idle(state, now);
+        let idle = move |state| algorithm.is_idle(state, now);
         self.tick(&map, now, &idle);
         let distance = distance.min(LANES);
         let mut hashes = [0u64; LANES];
@@ -183,7 +187,6 @@ where
                     map.prefetch_slot(ahead);
                 }
                 let cost = cost(first + i);
-                let algorithm = &self.algorithm;
                 out.push(self.decide_pinned(&map, hash, key, &mut now, cost, algorithm, &idle));
             }
         }

@@ -51,7 +51,7 @@ where
         Q: Hash + Eq + ?Sized,
     {
         // Cost 1 is always valid: every algorithm's limit is at least 1.
-        self.peek_as(key, 1, &self.algorithm)
+        self.peek_as(key, 1, &self.algorithm.load())
     }
 
     /// [`peek`](KeyedLimiter::peek) for a request of cost `n`: an error, not
@@ -70,8 +70,9 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.algorithm.check_cost(n)?;
-        Ok(self.peek_as(key, n, &self.algorithm))
+        let algorithm = self.algorithm.load();
+        algorithm.check_cost(n)?;
+        Ok(self.peek_as(key, n, &algorithm))
     }
 
     /// Forgets `key`: its bucket is full again, exactly as if it had never
@@ -232,8 +233,9 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        self.algorithm.check_cost(n)?;
-        Ok(self.refund_as(key, n, &self.algorithm))
+        let gcra = self.algorithm.load();
+        gcra.check_cost(n)?;
+        Ok(self.refund_as(key, n, &gcra))
     }
 
     /// [`refund`](KeyedLimiter::refund) for a key checked with
@@ -281,43 +283,44 @@ where
         Ok(self.peek_as(key, n, &gcra))
     }
 
-    /// Changes the quota of every key, keeping what each has spent: a
-    /// caller who spent its burst under the old quota does not get a fresh
-    /// one under the new quota (rebuilding the limiter would hand everyone
-    /// a full bucket).
-    ///
-    /// The conversion keeps each key's TAT, the time its bucket is full
-    /// again: the time each caller owes stays owed, and the new quota reads
-    /// it in its own terms. A key that owes more than the new tolerance (it
-    /// spent more than the new burst) waits until its debt falls back
-    /// within it, one new interval per token, never longer than under the
-    /// old quota. (The direct limiter also clamps that debt to an empty
-    /// bucket; here that would need a pass over every key, which the map
-    /// does not offer.)
-    ///
-    /// Takes `&mut self`: no check runs during the change, so readers pay
-    /// nothing for it on the hot path. Share the limiter behind a lock you
-    /// hold for writing only here, or through `Arc::get_mut`, if it must
-    /// change while others hold it.
+    /// Changes the quota of every key while the limiter serves, through
+    /// `&self`: checks that begin after this returns decide at `quota`,
+    /// each reading it once. Every key keeps its bucket, by the one rule
+    /// every limiter follows ([`Quota`]'s "Changing a quota"): what each
+    /// caller spent stays spent (rebuilding the limiter would hand everyone
+    /// a full bucket), and a caller that spent more than the new burst
+    /// waits until its debt is back within it. No pass over the keys: the
+    /// change is one write of the quota.
     ///
     /// ```
+    /// use std::sync::Arc;
     /// use turnstile_rl::{KeyedLimiter, ManualClock};
     ///
-    /// let mut limiter = KeyedLimiter::<u64>::builder("10/min".parse()?)
-    ///     .clock(ManualClock::new())
-    ///     .build();
+    /// let limiter = Arc::new(
+    ///     KeyedLimiter::<u64, _>::builder("10/min".parse()?)
+    ///         .clock(ManualClock::new())
+    ///         .build(),
+    /// );
     /// for _ in 0..10 {
     ///     let _ = limiter.check(&1);
     /// }
+    /// // Shared, and changed while shared:
     /// limiter.set_quota("20/min".parse()?);
     /// // Spent 10 of the old 10: owes one minute, which is 20 tokens of the
     /// // new quota: no fresh burst.
     /// assert!(limiter.check(&1).is_denied());
     /// assert_eq!(limiter.check(&2).remaining(), 19, "new keys get the new quota");
+    /// assert_eq!(limiter.quota(), "20/min".parse()?);
     /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
-    pub fn set_quota(&mut self, quota: Quota) {
-        self.algorithm = Gcra::new(&quota);
+    pub fn set_quota(&self, quota: Quota) {
+        self.algorithm.store(Gcra::new(&quota));
+    }
+
+    /// The quota this limiter enforces now: `burst` requests per the time
+    /// an empty bucket takes to fill (see [`Gcra::quota`]).
+    pub fn quota(&self) -> Quota {
+        self.algorithm.load().quota()
     }
 
     fn refund_as<Q>(&self, key: &Q, n: u64, gcra: &Gcra) -> bool
@@ -356,14 +359,15 @@ where
         self.map.pin()
     }
 
-    /// A check of cost `n` (already checked) for `key` that also reports
-    /// the admission it made and the cell it made it on, for the
-    /// multi-limit rollback: `decide` with `Cell::charge` in place of
+    /// A check of cost `n` at the quota `algorithm` (`n` already checked
+    /// against it) for `key` that also reports the admission it made and
+    /// the cell it made it on, for the multi-limit rollback: `decide` with `Cell::charge` in place of
     /// `Cell::update`, kept apart so the single-limit path is not touched.
     ///
     pub(crate) fn charge<'p, Q>(
         &self,
         map: &'p Pinned<'_, K>,
+        algorithm: &Gcra,
         key: &Q,
         n: u64,
     ) -> (Decision, Option<(Charge, &'p Cell)>)
@@ -371,7 +375,6 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        let algorithm = &self.algorithm;
         let hash = self.map.hash(key);
         let mut found = map.find(hash, key);
         // The clock after the lookup, as `decide` reads it (its comment
@@ -404,8 +407,9 @@ where
         }
     }
 
-    /// Takes the admission `charge` of cost `n` out of `cell`, the cell it
-    /// landed on (see `crate::multi`), if that cell still holds the bucket.
+    /// Takes the admission `charge` of cost `n`, made at the quota `gcra`,
+    /// out of `cell`, the cell it landed on (see `crate::multi`), if that
+    /// cell still holds the bucket.
     /// Returns whether the state had moved since the charge (another
     /// admission or rollback landed in between, or the bucket is gone).
     ///
@@ -415,8 +419,8 @@ where
     /// bucket is moving to a successor table; the charge is left in it
     /// rather than taken out of whatever bucket holds the key there, which
     /// may be a new one (see "Which bucket" in `crate::multi`).
-    pub(crate) fn roll_back(&self, cell: &Cell, charge: &Charge, n: u64) -> bool {
-        let (algorithm, clock) = (&self.algorithm, &self.clock);
+    pub(crate) fn roll_back(&self, gcra: &Gcra, cell: &Cell, charge: &Charge, n: u64) -> bool {
+        let (algorithm, clock) = (gcra, &self.clock);
         let raced = std::cell::Cell::new(true);
         let rolled = cell.modify(|tat| {
             raced.set(tat != charge.after);

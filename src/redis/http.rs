@@ -33,7 +33,11 @@ impl Limiter for Arc<RedisLimiter> {
     }
 
     fn quota(&self) -> Quota {
-        *RedisLimiter::quota(self)
+        RedisLimiter::quota(self)
+    }
+
+    fn quota_version(&self) -> u64 {
+        RedisLimiter::quota_version(self)
     }
 }
 

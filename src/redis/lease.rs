@@ -55,6 +55,11 @@ impl Leases {
         self.map.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Tokens asked of Redis per round trip.
+    pub(crate) fn size(&self) -> u64 {
+        self.size
+    }
+
     /// Tokens to ask of Redis for a request of cost `n`.
     pub(crate) fn want(&self, n: u64) -> u64 {
         self.size.max(n)

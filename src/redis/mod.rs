@@ -178,7 +178,7 @@ mod script;
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU64;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use redis::ScriptInvocation;
@@ -436,9 +436,12 @@ impl RedisLimiterBuilder {
             self.time,
         );
         Ok(RedisLimiter {
-            quota: self.quota,
-            script,
-            interval,
+            current: RwLock::new(Arc::new(Current {
+                version: 0,
+                quota: self.quota,
+                script,
+                interval,
+            })),
             path: Arc::new(path),
             prefix: self.prefix,
             hash_tag: self.hash_tag,
@@ -454,16 +457,39 @@ impl RedisLimiterBuilder {
 /// [module docs](self) for what happens around each call.
 #[derive(Debug)]
 pub struct RedisLimiter {
-    quota: Quota,
-    script: GcraScript,
-    /// `T` as the script runs it (whole µs), in ns.
-    interval: NonZeroU64,
+    /// The quota and what the script runs for it, replaced whole by
+    /// `set_quota`. A call copies the `Arc` out (the lock is held for that
+    /// copy only, never across a round trip) and runs wholly at that quota.
+    current: RwLock<Arc<Current>>,
     /// Connection, timeout, breaker, failure policy, clock and metrics:
     /// shared with every [`RedisMulti`] made from this limiter.
     path: Arc<CallPath>,
     prefix: Vec<u8>,
     hash_tag: HashTag,
     leases: Option<Leases>,
+}
+
+/// A [`RedisLimiter`]'s quota and what the script runs for it.
+#[derive(Debug)]
+struct Current {
+    /// Changes so far (`quota_version`).
+    version: u64,
+    /// As given.
+    quota: Quota,
+    script: GcraScript,
+    /// `T` as the script runs it (whole µs), in ns.
+    interval: NonZeroU64,
+}
+
+/// One call's script, held by the `Arc` of the quota it belongs to.
+struct ScriptOf(Arc<Current>);
+
+impl std::ops::Deref for ScriptOf {
+    type Target = GcraScript;
+
+    fn deref(&self) -> &GcraScript {
+        &self.0.script
+    }
 }
 
 impl RedisLimiter {
@@ -499,7 +525,7 @@ impl RedisLimiter {
         n: u64,
     ) -> Result<Decision, RedisLimitError> {
         let key = key.as_ref();
-        self.script.gcra().check_cost(n)?;
+        self.script().gcra().check_cost(n)?;
         check_key(key)?;
         let now_micros = self.path.client_now()?;
         let mut out = Vec::with_capacity(1);
@@ -581,9 +607,8 @@ impl RedisLimiter {
     where
         K: AsRef<[u8]> + Sync,
     {
-        BatchError::check(keys.len(), costs, |cost| {
-            self.script.gcra().check_cost(cost)
-        })?;
+        let script = self.script();
+        BatchError::check(keys.len(), costs, |cost| script.gcra().check_cost(cost))?;
         self.batch(keys, |i| costs[i], out).await
     }
 
@@ -628,12 +653,18 @@ impl RedisLimiter {
         out: &mut Vec<Decision>,
     ) {
         out.clear();
-        let burst = self.script.burst();
+        let current = self.current();
         let mut decided: Vec<Option<Decision>> = requests
             .iter()
             .map(|&(key, n)| {
                 let leases = self.leases.as_ref()?;
-                let decision = leases.spend(key, n, Instant::now(), burst, self.interval)?;
+                let decision = leases.spend(
+                    key,
+                    n,
+                    Instant::now(),
+                    current.script.burst(),
+                    current.interval,
+                )?;
                 self.path.metrics().lease_hit();
                 Some(decision)
             })
@@ -655,7 +686,7 @@ impl RedisLimiter {
                 .iter()
                 .zip(&costs)
                 .map(|(group, costs)| {
-                    self.script.invocation(
+                    current.script.invocation(
                         group
                             .iter()
                             .zip(costs)
@@ -664,7 +695,7 @@ impl RedisLimiter {
                     )
                 })
                 .collect();
-            let decode = |call: usize, reply: &[i64]| self.script.decode(reply, &costs[call]);
+            let decode = |call: usize, reply: &[i64]| current.script.decode(reply, &costs[call]);
             // An open breaker sends nothing: every pending request falls
             // back; otherwise each call's requests get its replies or fall
             // back with it.
@@ -718,10 +749,11 @@ impl RedisLimiter {
                 // What this gateway may still admit: Redis's tokens for a
                 // request of cost n, plus the ones it keeps locally.
                 let remaining = reply.decision.remaining().saturating_add(kept);
+                let interval = self.current().interval;
                 Decision::allowed(
                     reply.decision.limit(),
-                    remaining.saturating_mul(self.interval.get()),
-                    self.interval,
+                    remaining.saturating_mul(interval.get()),
+                    interval,
                     saturating_nanos(reply.decision.reset_after()),
                 )
             }
@@ -731,8 +763,9 @@ impl RedisLimiter {
 
     /// The failure policy's decision, counted.
     fn fallback(&self, key: &[u8], n: u64) -> Decision {
+        let current = self.current();
         self.path
-            .fallback(key, n, self.script.burst(), self.interval)
+            .fallback(key, n, current.script.burst(), current.interval)
     }
 
     /// The Redis key of `key`: prefix, then the key as the hash tag asks.
@@ -740,15 +773,73 @@ impl RedisLimiter {
         redis_key(&self.prefix, &self.hash_tag, key)
     }
 
-    /// The quota, as given.
-    pub fn quota(&self) -> &Quota {
-        &self.quota
+    /// The quota enforced now, as given (to the builder or to
+    /// [`set_quota`](RedisLimiter::set_quota)).
+    pub fn quota(&self) -> Quota {
+        self.current().quota
     }
 
-    /// The emission interval the script runs: the quota's, rounded up to
-    /// whole microseconds.
+    /// Changes the quota while the limiter serves, through `&self`: calls
+    /// that begin after this returns send the new quota to the script.
+    /// Every bucket in Redis is kept, by the one rule every limiter follows
+    /// ([`Quota`]'s "Changing a quota"): the script reads each stored TAT
+    /// under whatever quota the call brings, so the gateways of a fleet
+    /// agree whenever each makes the change. An error, changing nothing,
+    /// when the script cannot hold the quota in microseconds, or when the
+    /// limiter leases more tokens than the new burst.
+    ///
+    /// ```no_run
+    /// # async fn run(limiter: turnstile_rl::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// limiter.set_quota("50/min".parse()?)?;
+    /// assert_eq!(limiter.quota(), "50/min".parse()?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_quota(&self, quota: Quota) -> Result<(), RedisBuildError> {
+        let script = GcraScript::new(&quota)?;
+        if let Some(k) = self.leases.as_ref().map(Leases::size) {
+            if k > script.burst() {
+                return Err(RedisBuildError::Config(format!(
+                    "a lease of {k} tokens is above the new burst ({}): build a limiter \
+                     with a smaller lease for this quota",
+                    script.burst()
+                )));
+            }
+        }
+        let interval = script.interval_nanos();
+        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+        *current = Arc::new(Current {
+            version: current.version.wrapping_add(1),
+            quota,
+            script,
+            interval,
+        });
+        Ok(())
+    }
+
+    /// A number that moves whenever the quota changes (0 until the first
+    /// [`set_quota`](RedisLimiter::set_quota)): what the HTTP layer
+    /// compares to know its `RateLimit-Policy` is current.
+    pub fn quota_version(&self) -> u64 {
+        self.current().version
+    }
+
+    /// The emission interval the script runs now: the quota's, rounded up
+    /// to whole microseconds.
     pub fn emission_interval(&self) -> Duration {
-        self.script.interval()
+        self.script().interval()
+    }
+
+    /// The quota now and what the script runs for it.
+    fn current(&self) -> Arc<Current> {
+        // Nothing panics while the lock is held for writing: a poisoned
+        // lock still holds a whole `Current`.
+        Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// The script parameters of the quota now (`current().script`).
+    fn script(&self) -> ScriptOf {
+        ScriptOf(self.current())
     }
 
     /// The circuit breaker's state now.

@@ -80,10 +80,11 @@ impl RedisLimiter {
     /// # }
     /// ```
     pub async fn peek_n(&self, key: impl AsRef<[u8]>, n: u64) -> Result<Decision, RedisLimitError> {
-        self.script.gcra().check_cost(n)?;
+        let script = self.script();
+        script.gcra().check_cost(n)?;
         let keys = [self.checked_key(key.as_ref())?];
         let outcome = self
-            .run(Op::Peek, &keys, std::slice::from_ref(&self.script), n)
+            .run(Op::Peek, &keys, std::slice::from_ref(&*script), n)
             .await?;
         Ok(outcome.decisions[0])
     }
@@ -103,10 +104,11 @@ impl RedisLimiter {
     /// # }
     /// ```
     pub async fn refund(&self, key: impl AsRef<[u8]>, n: u64) -> Result<bool, RedisLimitError> {
-        self.script.gcra().check_cost(n)?;
+        let script = self.script();
+        script.gcra().check_cost(n)?;
         let keys = [self.checked_key(key.as_ref())?];
         let outcome = self
-            .run(Op::Refund, &keys, std::slice::from_ref(&self.script), n)
+            .run(Op::Refund, &keys, std::slice::from_ref(&*script), n)
             .await?;
         Ok(outcome.flag == 1)
     }
@@ -124,7 +126,7 @@ impl RedisLimiter {
     pub async fn reset(&self, key: impl AsRef<[u8]>) -> Result<bool, RedisLimitError> {
         let keys = [self.checked_key(key.as_ref())?];
         let outcome = self
-            .run(Op::Reset, &keys, std::slice::from_ref(&self.script), 1)
+            .run(Op::Reset, &keys, std::slice::from_ref(&*self.script()), 1)
             .await?;
         Ok(outcome.flag > 0)
     }
