@@ -884,7 +884,8 @@ async fn one_layer_enforces_two_limits_and_names_the_binding_one() {
         .expect("layer");
     let peek_first = {
         let layer = layer.clone();
-        move || layer.limiter().limits()[0].peek(&HttpKey::from("k1"))
+        // The header key source prefixes the value (`ApiKey` → "key:").
+        move || layer.limiter().limits()[0].peek(&HttpKey::from("key:k1"))
     };
     let app = Router::new().route("/", get(|| async { "hello" }).route_layer(layer));
     let url = serve(app).await;
@@ -917,6 +918,9 @@ async fn one_layer_enforces_two_limits_and_names_the_binding_one() {
         Some("\"search-1\";r=0;t=59")
     );
     let before = peek_first();
+    // k1's own bucket, which this request emptied (a key never seen would
+    // show one token left after the peeked request).
+    assert_eq!(before.remaining(), 0, "peeked another key's bucket");
     assert!(before.is_allowed());
 
     // The second limit denies: it binds everywhere, and the first limit
