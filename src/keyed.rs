@@ -337,6 +337,14 @@ where
         self.map.pin().capacity()
     }
 
+    /// Asserts that the map's count of filled slots is exact: for the loom
+    /// models, once every thread is joined.
+    #[cfg(turnstile_loom)]
+    #[doc(hidden)]
+    pub fn assert_quiescent_accounting(&self) {
+        self.map.pin().assert_quiescent_accounting();
+    }
+
     /// The most keys this limiter tracks at once.
     pub fn max_keys(&self) -> usize {
         self.max_keys

@@ -532,6 +532,23 @@ impl<K> RawMap<K> {
         unsafe { self.root.load(Ordering::Acquire, guard).deref() }.capacity()
     }
 
+    /// Asserts that the root's `occupied` counts exactly its filled slots,
+    /// as it must once no operation is in flight and no migration under
+    /// way: every reservation, the ones held for copies included, was
+    /// either used or given back.
+    #[cfg(turnstile_loom)]
+    pub(crate) fn assert_quiescent_accounting(&self, guard: &Guard) {
+        // SAFETY: as in `capacity`.
+        let t = unsafe { self.root.load(Ordering::Acquire, guard).deref() };
+        assert!(t.next.load(Ordering::Acquire, guard).is_null(), "a migration is under way");
+        let filled = t
+            .slots
+            .iter()
+            .filter(|slot| !matches!(Seen::of(slot.cell.word()), (Seen::Empty, _)))
+            .count();
+        assert_eq!(t.occupied(), filled, "occupied against filled slots");
+    }
+
     /// Starts fetching the home slot of `hash` in the root table into the
     /// cache: the slot `find` reads first, which holds the key's bucket in
     /// the common case. A hint only: nothing is read or written that a
@@ -1058,9 +1075,12 @@ impl<K: Hash + Eq> RawMap<K> {
             // Every copy has landed (AcqRel above): give back the room held
             // for the buckets that died instead of moving. Never more than
             // was held, so `occupied` cannot wrap into its CLOSED bit.
-            let unused = n
-                .reserved_for_copies
-                .saturating_sub(n.counters.copied.load(Ordering::Relaxed));
+            let copied = n.counters.copied.load(Ordering::Relaxed);
+            let unused = n.reserved_for_copies.saturating_sub(copied);
+            #[cfg(turnstile_loom)]
+            if copied > 0 && n.occupied() > n.reserved_for_copies {
+                crate::probe::hit(&crate::probe::SUCCESSOR_TOOK_COPIES_AND_INSERTS);
+            }
             n.counters.occupied.fetch_sub(unused, Ordering::Relaxed);
             // Every slot is frozen and its bucket copied or left behind: the
             // successor holds every live bucket. Release: publishes it.
