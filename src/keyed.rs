@@ -22,16 +22,16 @@
 //!   from a single user (measured in `tests/keyed_memory.rs`).
 //! - **When a quarter of the table is dead weight, or it is four times
 //!   larger than the live keys need**, the sweep starts a migration to a
-//!   table sized for the live keys (three slots per key plus a little
-//!   headroom, rounded up to a power of two), so memory follows the live
-//!   keys down as well as up. Inserts trigger the same migration when the table is half
-//!   full, and each insert that meets a migration copies
-//!   64 slots of it.
+//!   table sized for the live keys (`capacity_for` in `map::raw`), so
+//!   memory follows the live keys down as well as up. Inserts trigger the
+//!   same migration when the table is full to its fill limit (`fill_limit`
+//!   there), and each insert that meets a migration copies 64 slots of it.
 //! - **On demand**, [`KeyedLimiter::evict_idle`] sweeps everything at once.
 //! - **At `max_keys`**, a new key is admitted according to the
-//!   [`OverflowPolicy`]; the default evicts (one bucket per new key), among the first
-//!   8 live keys found near the new key's slot (never
-//!   fewer than two when the table holds two), the bucket closest to full:
+//!   [`OverflowPolicy`]; the default evicts (one bucket per new key), among
+//!   the live keys on the lines the new key's lookup has just read (its
+//!   home cache line and the next, `EVICTION_LINES` in `map::raw`; never
+//!   fewer than two keys when the table holds two), the bucket closest to full:
 //!   it carries the least information, and under a flood of random keys it
 //!   is one of the flood's own single-request keys, not a busy user's.
 //!
@@ -82,7 +82,8 @@
 //!   inserts wait for nothing the waiting check holds. (So a key's `Eq`,
 //!   `ToOwned` and `Drop` must not check the limiter that holds the key:
 //!   such a check could wait for the insert that runs it.)
-//! - An insert that finds the new table of a migration already half full,
+//! - An insert that finds the new table of a migration already full to its
+//!   fill limit,
 //!   while the old table's last chunks are claimed by a thread that the OS
 //!   has descheduled, yields until that thread finishes its chunk (at most
 //!   64 slots). [`KeyedLimiter::evict_idle`] likewise waits
@@ -164,11 +165,13 @@ const AHEAD: u64 = 2 * TICK_NANOS;
 /// Slots one housekeeping step sweeps (or copies): a few microseconds of
 /// work, taken by one caller once per `TICK`.
 pub(crate) const SWEEP_SLOTS: usize = 256;
-/// Live keys compared to choose a victim when the limiter is full.
+/// The most live keys compared to choose a victim when the limiter is full
+/// (they are found on the lines a new key's lookup read: see
+/// `evict_one_near`).
 pub(crate) const OVERFLOW_SAMPLE: usize = 8;
-/// The default bound on live keys. What it costs in memory (a table of up
-/// to four slots per key, each a key beside its 8-byte cell) is measured
-/// in `BENCHMARKS.md`.
+/// The default bound on live keys. What it costs in memory (a table sized
+/// by `capacity_for` in `map::raw`, each slot a key beside its 8-byte
+/// cell) is measured in `BENCHMARKS.md`.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
 /// A key's place under `max_keys`, held while its bucket is inserted; given
@@ -197,7 +200,8 @@ enum Admitted<'p, K> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum OverflowPolicy {
-    /// Forget the bucket closest to full among a few sampled keys, and admit
+    /// Forget the bucket closest to full among the keys next to the new one
+    /// in the table (see "Eviction" in the module docs), and admit
     /// the new key. Memory stays bounded under a flood of random keys while
     /// keys in real use keep their state. The forgotten key, if it comes
     /// back, starts with a full bucket: the one place where turnstile trades
@@ -335,6 +339,14 @@ where
     /// Slots in the map's current table (for memory accounting).
     pub fn capacity(&self) -> usize {
         self.map.pin().capacity()
+    }
+
+    /// Asserts that the map's count of filled slots is exact: for the loom
+    /// models, once every thread is joined.
+    #[cfg(turnstile_loom)]
+    #[doc(hidden)]
+    pub fn assert_quiescent_accounting(&self) {
+        self.map.pin().assert_quiescent_accounting();
     }
 
     /// The most keys this limiter tracks at once.

@@ -141,6 +141,9 @@ pub static ROLLBACK_AFTER_RESET: Probe = Probe::new();
 /// A direct limiter's reset waited for a rollback in flight to land on the
 /// bucket it was about to forget.
 pub static RESET_WAITED_FOR_ROLLBACK: Probe = Probe::new();
+/// A migration ended with its successor holding copies and direct inserts
+/// both, in room counted together (the copies' held from the start).
+pub static SUCCESSOR_TOOK_COPIES_AND_INSERTS: Probe = Probe::new();
 /// A new key looked for room while another new key was doing the same.
 pub static CONCURRENT_ADMITS: Probe = Probe::new();
 /// Admissions in flight (for [`CONCURRENT_ADMITS`]).

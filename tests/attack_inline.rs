@@ -1002,7 +1002,9 @@ fn defect_b_an_inconsistent_eq_makes_two_copies_of_one_bucket() {
                 .clock(clock.clone())
                 .hasher_seed(1)
                 .build();
-        for id in 0..8 {
+        // Fills the smallest table (16 slots) to its fill limit (13), so
+        // that the next new key starts a migration.
+        for id in 0..13 {
             assert!(limiter.check(&Liar::new(id)).is_allowed());
         }
         assert_eq!(limiter.capacity(), 16);

@@ -276,7 +276,10 @@ fn shrink_races_insert() {
 /// to the successor freezes the empty slot it passes, so no key can land in
 /// the old table behind it; and a key still being inserted into the old
 /// table (its slot claimed, its key not yet published) is waited for by the
-/// migration that copies it, never copied half-written or twice.
+/// migration that copies it, never copied half-written or twice. The
+/// successor holds room for the copies it will receive: a copy lands
+/// beside the direct inserts, and once all is done the table's count of
+/// filled slots is exact.
 #[test]
 fn two_inserts_race_migration_start() {
     let since = model(|| {
@@ -289,7 +292,16 @@ fn two_inserts_race_migration_start() {
         assert_eq!(limiter.len(), 2);
         assert_eq!(limiter.check(&2).remaining(), 0);
         assert_eq!(limiter.check(&4).remaining(), 0);
+        // Finishes the migration (and makes one more): then every slot
+        // reserved in the table, for an insert or a copy, is filled.
+        assert_eq!(limiter.evict_idle(), 0);
+        limiter.assert_quiescent_accounting();
     });
+    reached(
+        since,
+        &probe::SUCCESSOR_TOOK_COPIES_AND_INSERTS,
+        "a successor taking copies and direct inserts in one migration",
+    );
     reached(
         since,
         &probe::INSERT_FROZE_EMPTY_SLOT,
@@ -378,6 +390,7 @@ fn migration_chunks_are_shared() {
         assert_eq!(limiter.len(), 2);
         assert_eq!(limiter.check(&1).remaining(), 1);
         assert_eq!(limiter.check(&2).remaining(), 1);
+        limiter.assert_quiescent_accounting();
     });
     reached(
         since,

@@ -134,6 +134,12 @@ impl<K> Pinned<'_, K> {
         self.raw.capacity(&self.guard)
     }
 
+    /// See [`RawMap::assert_quiescent_accounting`].
+    #[cfg(turnstile_loom)]
+    pub(crate) fn assert_quiescent_accounting(&self) {
+        self.raw.assert_quiescent_accounting(&self.guard);
+    }
+
     /// Starts fetching the home slot of `hash` into the cache (a hint for
     /// batch lookups: changes nothing).
     #[inline]

@@ -72,8 +72,9 @@
 //!
 //! # Migration
 //!
-//! When a table is half full (or a quarter of it is dead, or it is four times
-//! larger than its live keys need), a successor sized for the live keys is
+//! When a table is full to its [`fill_limit`] (or a quarter of it is dead,
+//! or it is four times larger than its live keys need), a successor sized
+//! for the live keys is
 //! installed in `next`. From then on new keys go to the successor, and
 //! callers copy the old table a chunk at a time: each chunk is claimed by
 //! one thread (a `fetch_add` on a cursor), which evicts idle buckets,
@@ -94,9 +95,12 @@
 //! land in the old table reserved its slot before the close, and the close
 //! (Acquire) synchronises with that reservation (Release): the `len` read
 //! after the close counts it. Buckets that die meanwhile are not copied.
-//! Hence the buckets copied are at most `len` as read, the successor gets
-//! three slots per such key, and direct inserts into it stop at half full:
-//! it is never more than `5/6` full. Any thread that finds a table closed
+//! Hence the buckets copied are at most `len` as read, and the successor
+//! is made with that many slots already reserved in its `occupied`
+//! (`reserved_for_copies`): direct inserts into it stop at its
+//! [`fill_limit`] counting the copies still to come, so copies and inserts
+//! together never fill more than that. When the last chunk is migrated,
+//! the reservations that no copy used are given back. Any thread that finds a table closed
 //! but without a successor computes one the same way and races to install
 //! it, so a starter that is descheduled between the close and the install
 //! blocks no one.
@@ -154,6 +158,11 @@ const fn slots_per_line<K>() -> usize {
         64 / size
     }
 }
+
+/// Cache lines, from a new key's home slot on, among whose live buckets an
+/// eviction for it chooses its victim (`evict_one_near`): the home line
+/// and the next, which its lookup has just read.
+const EVICTION_LINES: usize = 2;
 
 /// The bit of `occupied` that closes a table to inserts (see `close`).
 const CLOSED: usize = 1 << (usize::BITS - 1);
@@ -253,6 +262,10 @@ struct Table<K> {
     mask: usize,
     /// The successor while this table is being migrated.
     next: Atomic<Table<K>>,
+    /// Slots held back in `occupied` for the buckets a migration may copy
+    /// in: the live keys counted when this table was made its
+    /// predecessor's successor (see "Sizing a successor").
+    reserved_for_copies: usize,
     // Written by inserts, migrations and sweeps: on a line of their own, so
     // those writes do not evict the fields above from every reader's cache.
     counters: CachePadded<TableCounters>,
@@ -263,9 +276,12 @@ struct Table<K> {
 
 struct TableCounters {
     /// Slots ever filled (live, dead or copied in) or reserved by an insert
-    /// about to fill one, and the [`CLOSED`] bit. Only a failed reservation
-    /// takes one back.
+    /// about to fill one or by a copy (`reserved_for_copies`), and the
+    /// [`CLOSED`] bit. Only a failed reservation takes one back, and the
+    /// end of the migration into this table the copies it did not need.
     occupied: AtomicUsize,
+    /// Buckets copied into this table by its predecessor's migration.
+    copied: AtomicUsize,
     /// Migration cursor: slots `[0, claimed)` have been handed out.
     claimed: AtomicUsize,
     /// Slots whose migration is finished.
@@ -298,14 +314,19 @@ fn empty_slots<K>(capacity: usize) -> Box<[Slot<K>]> {
 }
 
 impl<K> Table<K> {
-    fn new(capacity: usize) -> Self {
+    /// A table of `capacity` slots that holds back room for
+    /// `reserved_for_copies` buckets copied in by a migration.
+    fn new(capacity: usize, reserved_for_copies: usize) -> Self {
         debug_assert!(capacity.is_power_of_two());
+        debug_assert!(reserved_for_copies <= fill_limit(capacity));
         Table {
             slots: empty_slots(capacity),
             mask: capacity - 1,
             next: Atomic::null(),
+            reserved_for_copies,
             counters: CachePadded::new(TableCounters {
-                occupied: AtomicUsize::new(0),
+                occupied: AtomicUsize::new(reserved_for_copies),
+                copied: AtomicUsize::new(0),
                 claimed: AtomicUsize::new(0),
                 migrated: AtomicUsize::new(0),
                 sweep: AtomicUsize::new(0),
@@ -334,7 +355,7 @@ impl<K> Table<K> {
     /// land here (see "Sizing a successor" in the module docs).
     fn reserve_slot(&self) -> bool {
         let before = self.counters.occupied.fetch_add(1, Ordering::Release);
-        if before & CLOSED != 0 || before >= self.capacity() / 2 {
+        if before & CLOSED != 0 || before >= fill_limit(self.capacity()) {
             #[cfg(turnstile_loom)]
             if before & CLOSED != 0 {
                 crate::probe::hit(&crate::probe::CLOSED_TABLE_REFUSED_INSERT);
@@ -373,15 +394,37 @@ impl<K> Drop for Table<K> {
     }
 }
 
-/// The capacity for a table that will hold `live` keys: at most a third
-/// full right after the migration, so it takes many inserts to fill again,
-/// and never more than `5/6` full counting the inserts made during the
-/// migration (those stop at half full).
+/// The capacity for a table that will hold `live` keys: three slots for
+/// every two keys, rounded up to a power of two, so a table starts a
+/// migration's life between a third and two thirds full, and grows (at
+/// [`fill_limit`]) into a successor twice its size. Its fill limit is
+/// always above `live` (at least a fifth above), so a successor that holds
+/// room for `live` copies still takes inserts. Under loom, three slots a
+/// key, as the models' tables were drawn for.
 fn capacity_for(live: usize) -> usize {
-    live.saturating_mul(3)
+    let slots = if cfg!(turnstile_loom) {
+        live.saturating_mul(3)
+    } else {
+        live.saturating_add(live / 2)
+    };
+    slots
         .max(MIN_CAPACITY)
         .checked_next_power_of_two()
         .unwrap_or(1 << (usize::BITS - 2))
+}
+
+/// How many slots of a table of `capacity` may be filled or reserved
+/// before inserts stop and the table migrates: four fifths. Linear probing
+/// with several slots to a cache line keeps a hit on its home line at that
+/// load, and a fuller table holds fewer bytes per key (`BENCHMARKS.md`).
+/// Half under loom, whose tables of two and four slots must keep room for
+/// the races the models stage.
+const fn fill_limit(capacity: usize) -> usize {
+    if cfg!(turnstile_loom) {
+        capacity / 2
+    } else {
+        capacity - capacity / 5
+    }
 }
 
 /// What a caller wants done with idle cells met during a migration or a sweep.
@@ -448,7 +491,7 @@ pub(crate) struct RawMap<K> {
 impl<K> RawMap<K> {
     pub(crate) fn new(hasher: ahash::RandomState) -> Self {
         RawMap {
-            root: Atomic::new(Table::new(MIN_CAPACITY)),
+            root: Atomic::new(Table::new(MIN_CAPACITY, 0)),
             len: CachePadded::new(AtomicUsize::new(0)),
             hasher,
             inflight: InFlight::new(),
@@ -487,6 +530,23 @@ impl<K> RawMap<K> {
         // SAFETY: the root is never null and is retired only through the
         // pin, which waits for `guard`'s.
         unsafe { self.root.load(Ordering::Acquire, guard).deref() }.capacity()
+    }
+
+    /// Asserts that the root's `occupied` counts exactly its filled slots,
+    /// as it must once no operation is in flight and no migration under
+    /// way: every reservation, the ones held for copies included, was
+    /// either used or given back.
+    #[cfg(turnstile_loom)]
+    pub(crate) fn assert_quiescent_accounting(&self, guard: &Guard) {
+        // SAFETY: as in `capacity`.
+        let t = unsafe { self.root.load(Ordering::Acquire, guard).deref() };
+        assert!(t.next.load(Ordering::Acquire, guard).is_null(), "a migration is under way");
+        let filled = t
+            .slots
+            .iter()
+            .filter(|slot| !matches!(Seen::of(slot.cell.word()), (Seen::Empty, _)))
+            .count();
+        assert_eq!(t.occupied(), filled, "occupied against filled slots");
     }
 
     /// Starts fetching the home slot of `hash` in the root table into the
@@ -871,7 +931,7 @@ impl<K: Hash + Eq> RawMap<K> {
             return current;
         }
         let live = self.len.load(Ordering::Relaxed);
-        let next = Owned::new(Table::new(capacity_for(live)));
+        let next = Owned::new(Table::new(capacity_for(live), live));
         // AcqRel: publishes the new table's fields; Acquire on failure to
         // read the winner's. A loser's table is dropped unpublished.
         match t.next.compare_exchange(
@@ -1012,6 +1072,16 @@ impl<K: Hash + Eq> RawMap<K> {
         // retires the table.
         let migrated = t.counters.migrated.fetch_add(end - start, Ordering::AcqRel) + (end - start);
         if migrated == t.capacity() {
+            // Every copy has landed (AcqRel above): give back the room held
+            // for the buckets that died instead of moving. Never more than
+            // was held, so `occupied` cannot wrap into its CLOSED bit.
+            let copied = n.counters.copied.load(Ordering::Relaxed);
+            let unused = n.reserved_for_copies.saturating_sub(copied);
+            #[cfg(turnstile_loom)]
+            if copied > 0 && n.occupied() > n.reserved_for_copies {
+                crate::probe::hit(&crate::probe::SUCCESSOR_TOOK_COPIES_AND_INSERTS);
+            }
+            n.counters.occupied.fetch_sub(unused, Ordering::Relaxed);
             // Every slot is frozen and its bucket copied or left behind: the
             // successor holds every live bucket. Release: publishes it.
             let swung =
@@ -1186,8 +1256,8 @@ impl<K: Hash + Eq> RawMap<K> {
     }
 
     /// Tombstones the live bucket with the smallest state (for GCRA, the
-    /// bucket closest to full) among the first `sample` live buckets found
-    /// from `hash` on, in the successor during a migration (every bucket
+    /// bucket closest to full) among the live buckets of a window from
+    /// `hash` on (at most `sample` of them), in the successor during a migration (every bucket
     /// copied so far and every key inserted since is there) and in the
     /// root (whose frozen buckets can no longer be claimed), to make room
     /// for `key`. At least two candidates are compared whenever the map
@@ -1197,12 +1267,12 @@ impl<K: Hash + Eq> RawMap<K> {
     /// never evict `key`: if the victim is `key`'s own bucket, the key is
     /// tracked after all and that bucket is returned instead.
     ///
-    /// The scan of each table is a window of `4 * sample` slots from the
-    /// key's home, doubled on each `attempt` of the caller's, and goes past
-    /// it only until two candidates are found: at `max_keys` a table has
-    /// at most about six slots per live key (`capacity_for`), so a few
-    /// cache lines hold the sample, and the new key's own probe then starts
-    /// on lines this scan brought in.
+    /// The scan of each table is a window of [`EVICTION_LINES`] cache
+    /// lines' worth of slots from the key's home, doubled on each `attempt`
+    /// of the caller's, and goes past it only until two candidates are
+    /// found: the lines the key's own lookup has just read (it found the
+    /// key absent there), so choosing costs no new miss, and the key's
+    /// insert then probes the same lines.
     ///
     /// On [`Evicted::Victim`] the evicted key's place in `len` passes to
     /// the caller, who holds it as a reservation: `len` does not change,
@@ -1220,8 +1290,7 @@ impl<K: Hash + Eq> RawMap<K> {
         Q: ?Sized + Eq,
     {
         let want = sample.max(2);
-        let window = want
-            .saturating_mul(4)
+        let window = (EVICTION_LINES * slots_per_line::<K>())
             .checked_shl(attempt.min(32) as u32)
             .unwrap_or(usize::MAX);
         let mut best: Option<(&Slot<K>, u64)> = None;
@@ -1335,7 +1404,9 @@ impl<K> Table<K> {
                         // the caller's contract.
                         unsafe { slot.copy_key(from) };
                         slot.cell.publish(state);
-                        self.counters.occupied.fetch_add(1, Ordering::Relaxed);
+                        // Its slot was reserved in `occupied` when this
+                        // table was made (`reserved_for_copies`).
+                        self.counters.copied.fetch_add(1, Ordering::Relaxed);
                         return true;
                     }
                     continue;
