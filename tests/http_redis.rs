@@ -243,3 +243,54 @@ async fn a_redis_multi_limit_behind_the_layer_names_the_binding_limit() {
     assert_eq!(header(&response, "ratelimit"), None);
     assert_eq!(limiter.metrics().fallback_decisions, 1);
 }
+
+/// A fleet's quota changed while the gateway serves (`set_quota` through
+/// the `Arc` the layer shares): the next response's `RateLimit-Policy`
+/// says the new quota, its `RateLimit` counts against it, and the
+/// decisions follow it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_changed_on_a_serving_redis_gateway_shows_on_the_next_response() {
+    let redis = RedisServer::start().expect("redis-server");
+    let limiter = Arc::new(
+        RedisLimiter::builder("3/min".parse().expect("quota"))
+            .url(redis.url())
+            .timeout(Duration::from_millis(200))
+            .build()
+            .await
+            .expect("limiter"),
+    );
+    let layer = RateLimitLayer::builder(Arc::clone(&limiter))
+        .name("fleet")
+        .key(api_key())
+        .build()
+        .expect("layer");
+    let url = serve(Router::new().route("/", get(|| async { "hello" }).layer(layer))).await;
+
+    let response = request(&url, "k1").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(header(&response, "ratelimit-policy"), Some("\"fleet\";q=3;w=60"));
+    assert_eq!(header(&response, "ratelimit"), Some("\"fleet\";r=2;t=20"));
+
+    // 30 a minute from now on. A change keeps each bucket's state (the
+    // time it is full again, see `Quota`'s docs): the 20 s the first
+    // request cost under 3/min are 10 tokens of 30/min, so this request
+    // leaves 19 (20 on a machine that took over 2 s between the two).
+    limiter.set_quota("30/min".parse().expect("quota")).expect("set_quota");
+    let response = request(&url, "k1").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(header(&response, "ratelimit-policy"), Some("\"fleet\";q=30;w=60"));
+    let rate = header(&response, "ratelimit").expect("RateLimit");
+    let remaining: u64 = rate
+        .split(';')
+        .find_map(|p| p.strip_prefix("r="))
+        .and_then(|r| r.parse().ok())
+        .expect("r=");
+    assert!((19..=20).contains(&remaining), "{rate} under q=30");
+
+    // Down to 1/min: the bucket is far past one token's worth, so denied.
+    limiter.set_quota("1/min".parse().expect("quota")).expect("set_quota");
+    let response = request(&url, "k1").await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&response, "ratelimit-policy"), Some("\"fleet\";q=1;w=60"));
+    assert!(header(&response, "retry-after").is_some());
+}
