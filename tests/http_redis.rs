@@ -294,3 +294,116 @@ async fn a_quota_changed_on_a_serving_redis_gateway_shows_on_the_next_response()
     assert_eq!(header(&response, "ratelimit-policy"), Some("\"fleet\";q=1;w=60"));
     assert!(header(&response, "retry-after").is_some());
 }
+
+/// The `q` that `RateLimit-Policy` gives the policy `RateLimit` names, and
+/// the `r` beside it: a client checks one against the other.
+fn remaining_and_quota(response: &reqwest::Response) -> (u64, u64) {
+    let rate = header(response, "ratelimit").expect("RateLimit");
+    let (name, params) = rate.split_once(';').expect("name;params");
+    let param = |list: &str, key: &str| -> u64 {
+        list.split(';')
+            .find_map(|p| p.trim().strip_prefix(key))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{key} in {list}"))
+    };
+    let policy = header(response, "ratelimit-policy").expect("RateLimit-Policy");
+    let item = policy
+        .split(',')
+        .map(str::trim)
+        .find(|item| item.starts_with(&format!("{name};")))
+        .unwrap_or_else(|| panic!("{name} in {policy}"));
+    (param(params, "r="), param(item, "q="))
+}
+
+/// A fleet's multi-limit changed while the gateway serves (`set_quotas`
+/// through the `Arc` the layer shares, issue 24 item 1 on Redis): the next
+/// response's `RateLimit-Policy` lists the new quotas, its `RateLimit`
+/// counts the binding limit against them (`r <= q`), and each bucket in
+/// Redis kept its state across the change (keyed by the limit's position,
+/// not its quota). A change to another number of limits is refused and
+/// changes nothing a client sees. Client time on a manual clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_multi_limit_changed_while_serving_shows_on_the_next_response() {
+    let redis = RedisServer::start().expect("redis-server");
+    let clock = ManualClock::starting_at(Duration::from_secs(1_000));
+    let limiter = RedisLimiter::builder("1/s".parse().expect("quota"))
+        .url(redis.url())
+        .timeout(Duration::from_millis(500))
+        .time_source(TimeSource::Client(Arc::new(clock.clone())))
+        .build()
+        .await
+        .expect("limiter");
+    let multi = Arc::new(
+        limiter
+            .multi("2/min; 3/h".parse().expect("quotas"))
+            .expect("multi"),
+    );
+    let layer = RateLimitLayer::builder(Arc::clone(&multi))
+        .name("search")
+        .key(api_key())
+        .build()
+        .expect("layer");
+    let url = serve(Router::new().route("/", get(|| async { "hello" }).layer(layer))).await;
+    let first_key = String::from_utf8(multi.redis_keys(b"key:k1")[0].clone()).expect("UTF-8");
+    assert!(first_key.ends_with("{key:k1}:0"), "{first_key}");
+
+    let response = request(&url, "k1").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        header(&response, "ratelimit-policy"),
+        Some("\"search-0\";q=2;w=60, \"search-1\";q=3;w=3600")
+    );
+    assert_eq!(header(&response, "ratelimit"), Some("\"search-0\";r=1;t=30"));
+    let tat = redis_cli(redis.port(), &["GET", &first_key]).expect("redis-cli");
+
+    // Doubled while serving. Each bucket keeps its state: limit 0 is full
+    // again 30 s from now, which under 4/min (T = 15 s, tau = 60 s) is two
+    // tokens owed, so this request leaves 1 (fresh buckets would leave 3);
+    // limit 1 owes 20 min, two of 6/h's tokens, and leaves 3.
+    multi
+        .set_quotas("4/min; 6/h".parse().expect("quotas"))
+        .expect("set_quotas");
+    assert_eq!(multi.quota_version(), 1);
+    assert_eq!(
+        redis_cli(redis.port(), &["GET", &first_key]).expect("redis-cli"),
+        tat,
+        "a change writes nothing to Redis"
+    );
+    let response = request(&url, "k1").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let changed = Some("\"search-0\";q=4;w=60, \"search-1\";q=6;w=3600");
+    assert_eq!(header(&response, "ratelimit-policy"), changed);
+    assert_eq!(header(&response, "ratelimit"), Some("\"search-0\";r=1;t=45"));
+    let (r, q) = remaining_and_quota(&response);
+    assert!(r <= q, "r={r} beside q={q}");
+
+    // Another number of limits: refused, and the next response is the same
+    // policy at the same state (one more token of limit 0 spent: 30 s).
+    assert!(multi.set_quotas("5/min".parse().expect("quota")).is_err());
+    assert_eq!(multi.quota_version(), 1);
+    assert_eq!(multi.quotas(), "4/min; 6/h".parse().expect("quotas"));
+    let response = request(&url, "k1").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(header(&response, "ratelimit-policy"), changed);
+    assert_eq!(header(&response, "ratelimit"), Some("\"search-0\";r=0;t=60"));
+
+    // Down to 1/min on limit 0 (T = tau = 60 s): the 60 s owed are the
+    // whole new burst, so denied, told to come back in one T.
+    multi
+        .set_quotas("1/min; 6/h".parse().expect("quotas"))
+        .expect("set_quotas");
+    let response = request(&url, "k1").await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&response, "ratelimit-policy"),
+        Some("\"search-0\";q=1;w=60, \"search-1\";q=6;w=3600")
+    );
+    assert_eq!(header(&response, "ratelimit"), Some("\"search-0\";r=0;t=60"));
+    assert_eq!(header(&response, "retry-after"), Some("60"));
+    let (r, q) = remaining_and_quota(&response);
+    assert!(r <= q, "r={r} beside q={q}");
+    clock.advance(Duration::from_secs(60));
+    let response = request(&url, "k1").await;
+    assert_eq!(response.status(), StatusCode::OK, "admitted after the advertised wait");
+    assert_eq!(header(&response, "ratelimit"), Some("\"search-0\";r=0;t=60"));
+}
