@@ -15,7 +15,7 @@ use axum::routing::get;
 use axum::Router;
 use http::{HeaderName, StatusCode};
 use turnstile_rl::http::{ClientIp, KeyExtractor, RateLimitLayer};
-use turnstile_rl::redis::{FailurePolicy, RedisLimiter, TimeSource};
+use turnstile_rl::redis::{FailurePolicy, RedisLimiter, RedisMulti, TimeSource};
 use turnstile_rl::{KeyedLimiter, ManualClock, Quota};
 
 use http_server::serve;
@@ -155,17 +155,14 @@ async fn a_dead_redis_answers_by_the_failure_policy() {
     }
 }
 
-/// A fleet's multi-limit behind the layer (issue 24: `RedisMulti` had no
-/// `Limiter` impl): the scenario of the local `KeyedMultiLimiter` in
-/// `tests/http_layer.rs`, from a real redis-server on a manual clock
-/// (client time), with per-minute and per-hour limits so that buckets
-/// outlive a slow machine (their expiry runs in Redis's real time). Then
-/// Redis is killed, and the limiter's failure policy answers, without a
-/// `RateLimit` field.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redis_multi_limit_behind_the_layer_names_the_binding_limit() {
-    let mut redis = RedisServer::start().expect("redis-server");
-    let clock = ManualClock::starting_at(Duration::from_secs(1_000));
+/// A gateway whose layer is named `search` over a `RedisMulti` of
+/// `2/min; 3/h` (client time on `clock`, failing open), keyed by
+/// `x-api-key`: its limiter (for the shared metrics), the multi-limit (to
+/// change or inspect while serving) and the gateway's base URL.
+async fn multi_gateway(
+    redis: &RedisServer,
+    clock: &ManualClock,
+) -> (RedisLimiter, Arc<RedisMulti>, String) {
     let limiter = RedisLimiter::builder("1/s".parse().expect("quota"))
         .url(redis.url())
         .timeout(Duration::from_millis(500))
@@ -185,6 +182,21 @@ async fn a_redis_multi_limit_behind_the_layer_names_the_binding_limit() {
         .build()
         .expect("layer");
     let url = serve(Router::new().route("/", get(|| async { "hello" }).layer(layer))).await;
+    (limiter, multi, url)
+}
+
+/// A fleet's multi-limit behind the layer (issue 24: `RedisMulti` had no
+/// `Limiter` impl): the scenario of the local `KeyedMultiLimiter` in
+/// `tests/http_layer.rs`, from a real redis-server on a manual clock
+/// (client time), with per-minute and per-hour limits so that buckets
+/// outlive a slow machine (their expiry runs in Redis's real time). Then
+/// Redis is killed, and the limiter's failure policy answers, without a
+/// `RateLimit` field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_multi_limit_behind_the_layer_names_the_binding_limit() {
+    let mut redis = RedisServer::start().expect("redis-server");
+    let clock = ManualClock::starting_at(Duration::from_secs(1_000));
+    let (limiter, multi, url) = multi_gateway(&redis, &clock).await;
     let policy = Some("\"search-0\";q=2;w=60, \"search-1\";q=3;w=3600");
     // The first limit's bucket in Redis (a header's key is `key:` and its
     // value): a denied request must not move it.
@@ -268,17 +280,25 @@ async fn a_quota_changed_on_a_serving_redis_gateway_shows_on_the_next_response()
 
     let response = request(&url, "k1").await;
     assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(header(&response, "ratelimit-policy"), Some("\"fleet\";q=3;w=60"));
+    assert_eq!(
+        header(&response, "ratelimit-policy"),
+        Some("\"fleet\";q=3;w=60")
+    );
     assert_eq!(header(&response, "ratelimit"), Some("\"fleet\";r=2;t=20"));
 
     // 30 a minute from now on. A change keeps each bucket's state (the
     // time it is full again, see `Quota`'s docs): the 20 s the first
     // request cost under 3/min are 10 tokens of 30/min, so this request
     // leaves 19 (20 on a machine that took over 2 s between the two).
-    limiter.set_quota("30/min".parse().expect("quota")).expect("set_quota");
+    limiter
+        .set_quota("30/min".parse().expect("quota"))
+        .expect("set_quota");
     let response = request(&url, "k1").await;
     assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(header(&response, "ratelimit-policy"), Some("\"fleet\";q=30;w=60"));
+    assert_eq!(
+        header(&response, "ratelimit-policy"),
+        Some("\"fleet\";q=30;w=60")
+    );
     let rate = header(&response, "ratelimit").expect("RateLimit");
     let remaining: u64 = rate
         .split(';')
@@ -288,10 +308,15 @@ async fn a_quota_changed_on_a_serving_redis_gateway_shows_on_the_next_response()
     assert!((19..=20).contains(&remaining), "{rate} under q=30");
 
     // Down to 1/min: the bucket is far past one token's worth, so denied.
-    limiter.set_quota("1/min".parse().expect("quota")).expect("set_quota");
+    limiter
+        .set_quota("1/min".parse().expect("quota"))
+        .expect("set_quota");
     let response = request(&url, "k1").await;
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(header(&response, "ratelimit-policy"), Some("\"fleet\";q=1;w=60"));
+    assert_eq!(
+        header(&response, "ratelimit-policy"),
+        Some("\"fleet\";q=1;w=60")
+    );
     assert!(header(&response, "retry-after").is_some());
 }
 
@@ -326,24 +351,7 @@ fn remaining_and_quota(response: &reqwest::Response) -> (u64, u64) {
 async fn a_redis_multi_limit_changed_while_serving_shows_on_the_next_response() {
     let redis = RedisServer::start().expect("redis-server");
     let clock = ManualClock::starting_at(Duration::from_secs(1_000));
-    let limiter = RedisLimiter::builder("1/s".parse().expect("quota"))
-        .url(redis.url())
-        .timeout(Duration::from_millis(500))
-        .time_source(TimeSource::Client(Arc::new(clock.clone())))
-        .build()
-        .await
-        .expect("limiter");
-    let multi = Arc::new(
-        limiter
-            .multi("2/min; 3/h".parse().expect("quotas"))
-            .expect("multi"),
-    );
-    let layer = RateLimitLayer::builder(Arc::clone(&multi))
-        .name("search")
-        .key(api_key())
-        .build()
-        .expect("layer");
-    let url = serve(Router::new().route("/", get(|| async { "hello" }).layer(layer))).await;
+    let (_limiter, multi, url) = multi_gateway(&redis, &clock).await;
     let first_key = String::from_utf8(multi.redis_keys(b"key:k1")[0].clone()).expect("UTF-8");
     assert!(first_key.ends_with("{key:k1}:0"), "{first_key}");
 
@@ -353,7 +361,10 @@ async fn a_redis_multi_limit_changed_while_serving_shows_on_the_next_response() 
         header(&response, "ratelimit-policy"),
         Some("\"search-0\";q=2;w=60, \"search-1\";q=3;w=3600")
     );
-    assert_eq!(header(&response, "ratelimit"), Some("\"search-0\";r=1;t=30"));
+    assert_eq!(
+        header(&response, "ratelimit"),
+        Some("\"search-0\";r=1;t=30")
+    );
     let tat = redis_cli(redis.port(), &["GET", &first_key]).expect("redis-cli");
 
     // Doubled while serving. Each bucket keeps its state: limit 0 is full
@@ -373,7 +384,10 @@ async fn a_redis_multi_limit_changed_while_serving_shows_on_the_next_response() 
     assert_eq!(response.status(), StatusCode::OK);
     let changed = Some("\"search-0\";q=4;w=60, \"search-1\";q=6;w=3600");
     assert_eq!(header(&response, "ratelimit-policy"), changed);
-    assert_eq!(header(&response, "ratelimit"), Some("\"search-0\";r=1;t=45"));
+    assert_eq!(
+        header(&response, "ratelimit"),
+        Some("\"search-0\";r=1;t=45")
+    );
     let (r, q) = remaining_and_quota(&response);
     assert!(r <= q, "r={r} beside q={q}");
 
@@ -385,7 +399,10 @@ async fn a_redis_multi_limit_changed_while_serving_shows_on_the_next_response() 
     let response = request(&url, "k1").await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(header(&response, "ratelimit-policy"), changed);
-    assert_eq!(header(&response, "ratelimit"), Some("\"search-0\";r=0;t=60"));
+    assert_eq!(
+        header(&response, "ratelimit"),
+        Some("\"search-0\";r=0;t=60")
+    );
 
     // Down to 1/min on limit 0 (T = tau = 60 s): the 60 s owed are the
     // whole new burst, so denied, told to come back in one T.
@@ -398,12 +415,22 @@ async fn a_redis_multi_limit_changed_while_serving_shows_on_the_next_response() 
         header(&response, "ratelimit-policy"),
         Some("\"search-0\";q=1;w=60, \"search-1\";q=6;w=3600")
     );
-    assert_eq!(header(&response, "ratelimit"), Some("\"search-0\";r=0;t=60"));
+    assert_eq!(
+        header(&response, "ratelimit"),
+        Some("\"search-0\";r=0;t=60")
+    );
     assert_eq!(header(&response, "retry-after"), Some("60"));
     let (r, q) = remaining_and_quota(&response);
     assert!(r <= q, "r={r} beside q={q}");
     clock.advance(Duration::from_secs(60));
     let response = request(&url, "k1").await;
-    assert_eq!(response.status(), StatusCode::OK, "admitted after the advertised wait");
-    assert_eq!(header(&response, "ratelimit"), Some("\"search-0\";r=0;t=60"));
+    assert_eq!(
+        response.status(),
+        StatusCode::OK,
+        "admitted after the advertised wait"
+    );
+    assert_eq!(
+        header(&response, "ratelimit"),
+        Some("\"search-0\";r=0;t=60")
+    );
 }

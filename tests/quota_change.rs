@@ -32,7 +32,11 @@ struct Limiters {
 }
 
 impl Limiters {
-    async fn new(server: &RedisServer, quota: &str, clock: &ManualClock) -> Result<Self, Box<dyn std::error::Error>> {
+    async fn new(
+        server: &RedisServer,
+        quota: &str,
+        clock: &ManualClock,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
         let parsed: Quota = quota.parse()?;
         let quotas: Quotas = quota.parse()?;
         let redis = RedisLimiter::builder(parsed)
@@ -68,26 +72,41 @@ impl Limiters {
 
     /// A check of cost `n` on each: the decisions must agree; returns
     /// (allowed, remaining, retry_after).
-    async fn check_n(&self, n: u64, step: &str) -> Result<(bool, u64, Option<Duration>), Box<dyn std::error::Error>> {
+    async fn check_n(
+        &self,
+        n: u64,
+        step: &str,
+    ) -> Result<(bool, u64, Option<Duration>), Box<dyn std::error::Error>> {
         let direct = self.direct.check_n(n)?;
         let answers = [
             ("keyed", self.keyed.check_n(&1, n)?),
             ("keyed multi", self.keyed_multi.check_n(&1, n)?.decision()),
             ("multi", self.multi.check_n(n)?.decision()),
             ("redis", self.redis.check_n("k", n).await?),
-            ("redis multi", self.redis_multi.check_n("k", n).await?.decision()),
+            (
+                "redis multi",
+                self.redis_multi.check_n("k", n).await?.decision(),
+            ),
         ];
         for (name, decision) in answers {
-            assert_eq!(decision, direct, "{step}: {name} disagrees with the direct limiter");
+            assert_eq!(
+                decision, direct,
+                "{step}: {name} disagrees with the direct limiter"
+            );
         }
-        Ok((direct.is_allowed(), direct.remaining(), direct.retry_after()))
+        Ok((
+            direct.is_allowed(),
+            direct.remaining(),
+            direct.retry_after(),
+        ))
     }
 }
 
 const S: Duration = Duration::from_secs(1);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_smaller_burst_is_one_rule_for_every_limiter_and_its_retry_after_is_honoured() -> TestResult {
+async fn a_smaller_burst_is_one_rule_for_every_limiter_and_its_retry_after_is_honoured(
+) -> TestResult {
     let server = RedisServer::start()?;
     // Whole microseconds (T = 6 s), so Redis rounds nothing; the clock
     // starts well after 0, as a real one does.
@@ -100,12 +119,18 @@ async fn a_smaller_burst_is_one_rule_for_every_limiter_and_its_retry_after_is_ho
     // first token comes when the debt is within 12 s, plus one T: 54 s.
     limiters.set_quota("10/min burst 2")?;
     let wait = Some(54 * S);
-    assert_eq!(limiters.check_n(1, "right after the change").await?, (false, 0, wait));
+    assert_eq!(
+        limiters.check_n(1, "right after the change").await?,
+        (false, 0, wait)
+    );
 
     // Six seconds on (where the old direct limiter, which clamped, said
     // yes): still 48 s to wait, the same for all.
     clock.advance(6 * S);
-    assert_eq!(limiters.check_n(1, "6 s later").await?, (false, 0, Some(48 * S)));
+    assert_eq!(
+        limiters.check_n(1, "6 s later").await?,
+        (false, 0, Some(48 * S))
+    );
 
     // One microsecond short of the advertised time: denied, 1 µs to go.
     clock.advance(48 * S - Duration::from_micros(1));
@@ -114,7 +139,10 @@ async fn a_smaller_burst_is_one_rule_for_every_limiter_and_its_retry_after_is_ho
 
     // Exactly the advertised time: admitted, the new bucket now empty.
     clock.advance(Duration::from_micros(1));
-    assert_eq!(limiters.check_n(1, "at the advertised time").await?, (true, 0, None));
+    assert_eq!(
+        limiters.check_n(1, "at the advertised time").await?,
+        (true, 0, None)
+    );
     let next = limiters.check_n(1, "the next one").await?;
     assert_eq!(next, (false, 0, Some(6 * S)), "then one token per T = 6 s");
     clock.advance(6 * S);
@@ -124,7 +152,10 @@ async fn a_smaller_burst_is_one_rule_for_every_limiter_and_its_retry_after_is_ho
     // there at once (TAT = now + 12 s, two tokens owed; tau'' = 60 s: this
     // one admitted, 7 left).
     limiters.set_quota("10/min")?;
-    assert_eq!(limiters.check_n(1, "burst back to 10").await?, (true, 7, None));
+    assert_eq!(
+        limiters.check_n(1, "burst back to 10").await?,
+        (true, 7, None)
+    );
     Ok(())
 }
 
@@ -136,7 +167,10 @@ async fn a_bad_change_is_an_error_not_a_panic() -> TestResult {
     let server = RedisServer::start()?;
     let clock = ManualClock::starting_at(Duration::from_secs(1_000));
     let limiters = Limiters::new(&server, "10/min", &clock).await?;
-    assert!(limiters.keyed_multi.set_quotas("10/min; 100/h".parse()?).is_err());
+    assert!(limiters
+        .keyed_multi
+        .set_quotas("10/min; 100/h".parse()?)
+        .is_err());
     assert!(limiters.multi.set_quotas("10/min; 100/h".parse()?).is_err());
     // 2,000,000/s: T = 500 ns, under the script's microsecond.
     assert!(limiters.redis.set_quota("2000000/s".parse()?).is_err());
@@ -147,7 +181,10 @@ async fn a_bad_change_is_an_error_not_a_panic() -> TestResult {
     // hold, is refused and changes nothing (quotas, version, buckets).
     assert!(matches!(
         limiters.redis_multi.set_quotas("10/min; 100/h".parse()?),
-        Err(RedisBuildError::Quotas(QuotasError::CountChanged { limits: 1, given: 2 }))
+        Err(RedisBuildError::Quotas(QuotasError::CountChanged {
+            limits: 1,
+            given: 2
+        }))
     ));
     assert!(matches!(
         limiters.redis_multi.set_quotas("2000000/s".parse()?),
@@ -186,7 +223,11 @@ async fn a_redis_multi_limit_follows_a_change_as_the_keyed_multi_limiter_does() 
             let l = local.check_n(&1, 2)?;
             let r = redis.check_n("k", 2).await?;
             assert_eq!(r, l, "{step}");
-            assert_eq!(redis.peek_n("k", 1).await?, local.peek_n(&1, 1)?, "{step}: peek");
+            assert_eq!(
+                redis.peek_n("k", 1).await?,
+                local.peek_n(&1, 1)?,
+                "{step}: peek"
+            );
             Ok::<_, Box<dyn std::error::Error>>(l)
         }
     };
@@ -210,6 +251,9 @@ async fn a_redis_multi_limit_follows_a_change_as_the_keyed_multi_limiter_does() 
     clock.advance(Duration::from_secs(7));
     assert!(same("7 s on").await?.is_denied(), "17 s owed + 12 s > 24 s");
     assert_eq!(redis.refund("k", 2).await?, local.refund(&1, 2)?);
-    assert!(same("after a refund").await?.is_allowed(), "5 s owed + 12 s <= 24 s");
+    assert!(
+        same("after a refund").await?.is_allowed(),
+        "5 s owed + 12 s <= 24 s"
+    );
     Ok(())
 }

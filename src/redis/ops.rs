@@ -504,7 +504,10 @@ impl RedisMulti {
     ) -> Result<(Vec<Vec<u8>>, Option<u64>), RedisLimitError> {
         limits.check_cost(n)?;
         check_key(key)?;
-        Ok((self.keys(key, limits.scripts.len()), self.path.client_now()?))
+        Ok((
+            self.keys(key, limits.scripts.len()),
+            self.path.client_now()?,
+        ))
     }
 
     /// The binding limit of a check's or peek's decisions.
