@@ -15,7 +15,7 @@ use axum::routing::get;
 use axum::Router;
 use http::{HeaderName, StatusCode};
 use turnstile_rl::http::{ClientIp, KeyExtractor, RateLimitLayer};
-use turnstile_rl::redis::{FailurePolicy, RedisLimiter, TimeSource};
+use turnstile_rl::redis::{FailurePolicy, RedisLimiter, RedisMulti, TimeSource};
 use turnstile_rl::{KeyedLimiter, ManualClock, Quota};
 
 use http_server::serve;
@@ -155,17 +155,14 @@ async fn a_dead_redis_answers_by_the_failure_policy() {
     }
 }
 
-/// A fleet's multi-limit behind the layer (issue 24: `RedisMulti` had no
-/// `Limiter` impl): the scenario of the local `KeyedMultiLimiter` in
-/// `tests/http_layer.rs`, from a real redis-server on a manual clock
-/// (client time), with per-minute and per-hour limits so that buckets
-/// outlive a slow machine (their expiry runs in Redis's real time). Then
-/// Redis is killed, and the limiter's failure policy answers, without a
-/// `RateLimit` field.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redis_multi_limit_behind_the_layer_names_the_binding_limit() {
-    let mut redis = RedisServer::start().expect("redis-server");
-    let clock = ManualClock::starting_at(Duration::from_secs(1_000));
+/// A gateway whose layer is named `search` over a `RedisMulti` of
+/// `2/min; 3/h` (client time on `clock`, failing open), keyed by
+/// `x-api-key`: its limiter (for the shared metrics), the multi-limit (to
+/// change or inspect while serving) and the gateway's base URL.
+async fn multi_gateway(
+    redis: &RedisServer,
+    clock: &ManualClock,
+) -> (RedisLimiter, Arc<RedisMulti>, String) {
     let limiter = RedisLimiter::builder("1/s".parse().expect("quota"))
         .url(redis.url())
         .timeout(Duration::from_millis(500))
@@ -185,6 +182,21 @@ async fn a_redis_multi_limit_behind_the_layer_names_the_binding_limit() {
         .build()
         .expect("layer");
     let url = serve(Router::new().route("/", get(|| async { "hello" }).layer(layer))).await;
+    (limiter, multi, url)
+}
+
+/// A fleet's multi-limit behind the layer (issue 24: `RedisMulti` had no
+/// `Limiter` impl): the scenario of the local `KeyedMultiLimiter` in
+/// `tests/http_layer.rs`, from a real redis-server on a manual clock
+/// (client time), with per-minute and per-hour limits so that buckets
+/// outlive a slow machine (their expiry runs in Redis's real time). Then
+/// Redis is killed, and the limiter's failure policy answers, without a
+/// `RateLimit` field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_multi_limit_behind_the_layer_names_the_binding_limit() {
+    let mut redis = RedisServer::start().expect("redis-server");
+    let clock = ManualClock::starting_at(Duration::from_secs(1_000));
+    let (limiter, multi, url) = multi_gateway(&redis, &clock).await;
     let policy = Some("\"search-0\";q=2;w=60, \"search-1\";q=3;w=3600");
     // The first limit's bucket in Redis (a header's key is `key:` and its
     // value): a denied request must not move it.
@@ -268,17 +280,25 @@ async fn a_quota_changed_on_a_serving_redis_gateway_shows_on_the_next_response()
 
     let response = request(&url, "k1").await;
     assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(header(&response, "ratelimit-policy"), Some("\"fleet\";q=3;w=60"));
+    assert_eq!(
+        header(&response, "ratelimit-policy"),
+        Some("\"fleet\";q=3;w=60")
+    );
     assert_eq!(header(&response, "ratelimit"), Some("\"fleet\";r=2;t=20"));
 
     // 30 a minute from now on. A change keeps each bucket's state (the
     // time it is full again, see `Quota`'s docs): the 20 s the first
     // request cost under 3/min are 10 tokens of 30/min, so this request
     // leaves 19 (20 on a machine that took over 2 s between the two).
-    limiter.set_quota("30/min".parse().expect("quota")).expect("set_quota");
+    limiter
+        .set_quota("30/min".parse().expect("quota"))
+        .expect("set_quota");
     let response = request(&url, "k1").await;
     assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(header(&response, "ratelimit-policy"), Some("\"fleet\";q=30;w=60"));
+    assert_eq!(
+        header(&response, "ratelimit-policy"),
+        Some("\"fleet\";q=30;w=60")
+    );
     let rate = header(&response, "ratelimit").expect("RateLimit");
     let remaining: u64 = rate
         .split(';')
@@ -288,9 +308,129 @@ async fn a_quota_changed_on_a_serving_redis_gateway_shows_on_the_next_response()
     assert!((19..=20).contains(&remaining), "{rate} under q=30");
 
     // Down to 1/min: the bucket is far past one token's worth, so denied.
-    limiter.set_quota("1/min".parse().expect("quota")).expect("set_quota");
+    limiter
+        .set_quota("1/min".parse().expect("quota"))
+        .expect("set_quota");
     let response = request(&url, "k1").await;
     assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(header(&response, "ratelimit-policy"), Some("\"fleet\";q=1;w=60"));
+    assert_eq!(
+        header(&response, "ratelimit-policy"),
+        Some("\"fleet\";q=1;w=60")
+    );
     assert!(header(&response, "retry-after").is_some());
+}
+
+/// The `q` that `RateLimit-Policy` gives the policy `RateLimit` names, and
+/// the `r` beside it: a client checks one against the other.
+fn remaining_and_quota(response: &reqwest::Response) -> (u64, u64) {
+    let rate = header(response, "ratelimit").expect("RateLimit");
+    let (name, params) = rate.split_once(';').expect("name;params");
+    let param = |list: &str, key: &str| -> u64 {
+        list.split(';')
+            .find_map(|p| p.trim().strip_prefix(key))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{key} in {list}"))
+    };
+    let policy = header(response, "ratelimit-policy").expect("RateLimit-Policy");
+    let item = policy
+        .split(',')
+        .map(str::trim)
+        .find(|item| item.starts_with(&format!("{name};")))
+        .unwrap_or_else(|| panic!("{name} in {policy}"));
+    (param(params, "r="), param(item, "q="))
+}
+
+/// A fleet's multi-limit changed while the gateway serves (`set_quotas`
+/// through the `Arc` the layer shares, issue 24 item 1 on Redis): the next
+/// response's `RateLimit-Policy` lists the new quotas, its `RateLimit`
+/// counts the binding limit against them (`r <= q`), and each bucket in
+/// Redis kept its state across the change (keyed by the limit's position,
+/// not its quota). A change to another number of limits is refused and
+/// changes nothing a client sees. Client time on a manual clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_multi_limit_changed_while_serving_shows_on_the_next_response() {
+    let redis = RedisServer::start().expect("redis-server");
+    let clock = ManualClock::starting_at(Duration::from_secs(1_000));
+    let (_limiter, multi, url) = multi_gateway(&redis, &clock).await;
+    let first_key = String::from_utf8(multi.redis_keys(b"key:k1")[0].clone()).expect("UTF-8");
+    assert!(first_key.ends_with("{key:k1}:0"), "{first_key}");
+
+    let response = request(&url, "k1").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        header(&response, "ratelimit-policy"),
+        Some("\"search-0\";q=2;w=60, \"search-1\";q=3;w=3600")
+    );
+    assert_eq!(
+        header(&response, "ratelimit"),
+        Some("\"search-0\";r=1;t=30")
+    );
+    let tat = redis_cli(redis.port(), &["GET", &first_key]).expect("redis-cli");
+
+    // Doubled while serving. Each bucket keeps its state: limit 0 is full
+    // again 30 s from now, which under 4/min (T = 15 s, tau = 60 s) is two
+    // tokens owed, so this request leaves 1 (fresh buckets would leave 3);
+    // limit 1 owes 20 min, two of 6/h's tokens, and leaves 3.
+    multi
+        .set_quotas("4/min; 6/h".parse().expect("quotas"))
+        .expect("set_quotas");
+    assert_eq!(multi.quota_version(), 1);
+    assert_eq!(
+        redis_cli(redis.port(), &["GET", &first_key]).expect("redis-cli"),
+        tat,
+        "a change writes nothing to Redis"
+    );
+    let response = request(&url, "k1").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let changed = Some("\"search-0\";q=4;w=60, \"search-1\";q=6;w=3600");
+    assert_eq!(header(&response, "ratelimit-policy"), changed);
+    assert_eq!(
+        header(&response, "ratelimit"),
+        Some("\"search-0\";r=1;t=45")
+    );
+    let (r, q) = remaining_and_quota(&response);
+    assert!(r <= q, "r={r} beside q={q}");
+
+    // Another number of limits: refused, and the next response is the same
+    // policy at the same state (one more token of limit 0 spent: 30 s).
+    assert!(multi.set_quotas("5/min".parse().expect("quota")).is_err());
+    assert_eq!(multi.quota_version(), 1);
+    assert_eq!(multi.quotas(), "4/min; 6/h".parse().expect("quotas"));
+    let response = request(&url, "k1").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(header(&response, "ratelimit-policy"), changed);
+    assert_eq!(
+        header(&response, "ratelimit"),
+        Some("\"search-0\";r=0;t=60")
+    );
+
+    // Down to 1/min on limit 0 (T = tau = 60 s): the 60 s owed are the
+    // whole new burst, so denied, told to come back in one T.
+    multi
+        .set_quotas("1/min; 6/h".parse().expect("quotas"))
+        .expect("set_quotas");
+    let response = request(&url, "k1").await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&response, "ratelimit-policy"),
+        Some("\"search-0\";q=1;w=60, \"search-1\";q=6;w=3600")
+    );
+    assert_eq!(
+        header(&response, "ratelimit"),
+        Some("\"search-0\";r=0;t=60")
+    );
+    assert_eq!(header(&response, "retry-after"), Some("60"));
+    let (r, q) = remaining_and_quota(&response);
+    assert!(r <= q, "r={r} beside q={q}");
+    clock.advance(Duration::from_secs(60));
+    let response = request(&url, "k1").await;
+    assert_eq!(
+        response.status(),
+        StatusCode::OK,
+        "admitted after the advertised wait"
+    );
+    assert_eq!(
+        header(&response, "ratelimit"),
+        Some("\"search-0\";r=0;t=60")
+    );
 }

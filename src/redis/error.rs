@@ -8,9 +8,11 @@
 
 use std::time::Duration;
 
-use crate::error::{BatchError, CostError};
+use crate::error::{BatchError, CostError, QuotasError};
 
-/// Why a [`RedisLimiter`](super::RedisLimiter) could not be built.
+/// Why a [`RedisLimiter`](super::RedisLimiter) or
+/// [`RedisMulti`](super::RedisMulti) could not be built, or its quotas not
+/// changed (`set_quota`, `set_quotas`: nothing was changed).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RedisBuildError {
@@ -25,6 +27,11 @@ pub enum RedisBuildError {
     /// A setting of the builder that cannot work.
     #[error("invalid Redis limiter setting: {0}")]
     Config(String),
+    /// A list of quotas that does not fit the limiter: for
+    /// [`RedisMulti::set_quotas`](super::RedisMulti::set_quotas), another
+    /// number of limits than it has ([`QuotasError::CountChanged`]).
+    #[error(transparent)]
+    Quotas(#[from] QuotasError),
     /// The Redis client refused the URL, or (for a cluster) the first
     /// connection failed.
     #[error("cannot connect to Redis: {0}")]

@@ -42,7 +42,8 @@ impl Limiter for Arc<RedisLimiter> {
 }
 
 /// Several limits per key in Redis, all or nothing: the headers name the
-/// binding limit, and list every quota in `RateLimit-Policy`.
+/// binding limit, and list every quota in `RateLimit-Policy` (again from
+/// the first response after a [`set_quotas`](RedisMulti::set_quotas)).
 impl Limiter for Arc<RedisMulti> {
     type Error = RedisLimitError;
     type Future = Pin<Box<dyn Future<Output = Result<MultiDecision, RedisLimitError>> + Send>>;
@@ -58,5 +59,9 @@ impl Limiter for Arc<RedisMulti> {
 
     fn quotas(&self) -> Vec<Quota> {
         RedisMulti::quotas(self).as_slice().to_vec()
+    }
+
+    fn quota_version(&self) -> u64 {
+        RedisMulti::quota_version(self)
     }
 }

@@ -166,6 +166,7 @@
 
 mod breaker;
 mod call;
+mod changing;
 mod connection;
 mod error;
 #[cfg(feature = "tower")]
@@ -178,7 +179,7 @@ mod script;
 
 use std::collections::BTreeMap;
 use std::num::NonZeroU64;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::ScriptInvocation;
@@ -192,6 +193,7 @@ pub use script::{MAX_NOW_MICROS, MAX_TOLERANCE_MICROS};
 
 use self::breaker::Breaker;
 use self::call::CallPath;
+use self::changing::{Changing, Versioned};
 use self::connection::Connection;
 use self::lease::Leases;
 use self::script::{GcraScript, Reply};
@@ -436,12 +438,11 @@ impl RedisLimiterBuilder {
             self.time,
         );
         Ok(RedisLimiter {
-            current: RwLock::new(Arc::new(Current {
-                version: 0,
+            current: Changing::new(Current {
                 quota: self.quota,
                 script,
                 interval,
-            })),
+            }),
             path: Arc::new(path),
             prefix: self.prefix,
             hash_tag: self.hash_tag,
@@ -460,7 +461,7 @@ pub struct RedisLimiter {
     /// The quota and what the script runs for it, replaced whole by
     /// `set_quota`. A call copies the `Arc` out (the lock is held for that
     /// copy only, never across a round trip) and runs wholly at that quota.
-    current: RwLock<Arc<Current>>,
+    current: Changing<Current>,
     /// Connection, timeout, breaker, failure policy, clock and metrics:
     /// shared with every [`RedisMulti`] made from this limiter.
     path: Arc<CallPath>,
@@ -472,8 +473,6 @@ pub struct RedisLimiter {
 /// A [`RedisLimiter`]'s quota and what the script runs for it.
 #[derive(Debug)]
 struct Current {
-    /// Changes so far (`quota_version`).
-    version: u64,
     /// As given.
     quota: Quota,
     script: GcraScript,
@@ -482,7 +481,7 @@ struct Current {
 }
 
 /// One call's script, held by the `Arc` of the quota it belongs to.
-struct ScriptOf(Arc<Current>);
+struct ScriptOf(Arc<Versioned<Current>>);
 
 impl std::ops::Deref for ScriptOf {
     type Target = GcraScript;
@@ -807,9 +806,7 @@ impl RedisLimiter {
             }
         }
         let interval = script.interval_nanos();
-        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
-        *current = Arc::new(Current {
-            version: current.version.wrapping_add(1),
+        self.current.set(Current {
             quota,
             script,
             interval,
@@ -831,10 +828,8 @@ impl RedisLimiter {
     }
 
     /// The quota now and what the script runs for it.
-    fn current(&self) -> Arc<Current> {
-        // Nothing panics while the lock is held for writing: a poisoned
-        // lock still holds a whole `Current`.
-        Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
+    fn current(&self) -> Arc<Versioned<Current>> {
+        self.current.get()
     }
 
     /// The script parameters of the quota now (`current().script`).

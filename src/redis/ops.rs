@@ -17,12 +17,13 @@ use std::sync::Arc;
 use redis::{Script, ScriptInvocation};
 
 use super::call::CallPath;
+use super::changing::Changing;
 use super::error::{RedisBuildError, RedisCallError, RedisLimitError};
 use super::script::GcraScript;
 use super::{check_key, redis_key, HashTag, RedisLimiter};
 use crate::algorithms::Algorithm;
 use crate::decision::Decision;
-use crate::error::CostError;
+use crate::error::{CostError, QuotasError};
 use crate::multi::{peek_all, MultiDecision};
 use crate::quotas::Quotas;
 
@@ -150,17 +151,11 @@ impl RedisLimiter {
     /// # }
     /// ```
     pub fn multi(&self, quotas: Quotas) -> Result<RedisMulti, RedisBuildError> {
-        let scripts = quotas
-            .as_slice()
-            .iter()
-            .map(GcraScript::new)
-            .collect::<Result<Vec<_>, _>>()?;
         Ok(RedisMulti {
             path: Arc::clone(&self.path),
             prefix: self.prefix.clone(),
             hash_tag: self.hash_tag.clone(),
-            quotas,
-            scripts,
+            limits: Changing::new(Limits::new(quotas)?),
         })
     }
 
@@ -294,8 +289,44 @@ pub struct RedisMulti {
     path: Arc<CallPath>,
     prefix: Vec<u8>,
     hash_tag: HashTag,
+    /// The quotas and their scripts, replaced whole by `set_quotas`: a
+    /// call takes one snapshot and runs wholly on it.
+    limits: Changing<Limits>,
+}
+
+/// A [`RedisMulti`]'s quotas and what the script runs for each, in order.
+#[derive(Debug)]
+struct Limits {
+    /// As given.
     quotas: Quotas,
     scripts: Vec<GcraScript>,
+}
+
+impl Limits {
+    /// The scripts for `quotas`, or why one cannot be held.
+    fn new(quotas: Quotas) -> Result<Self, RedisBuildError> {
+        let scripts = quotas
+            .as_slice()
+            .iter()
+            .map(GcraScript::new)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Limits { quotas, scripts })
+    }
+
+    /// An error for a cost some limit can never admit, naming the
+    /// smallest burst.
+    fn check_cost(&self, n: u64) -> Result<(), RedisLimitError> {
+        let min = self.quotas.min_burst();
+        match n {
+            0 => Err(CostError::Zero.into()),
+            n if n > min => Err(CostError::ExceedsBurst {
+                cost: n,
+                burst: min,
+            }
+            .into()),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl RedisMulti {
@@ -323,11 +354,12 @@ impl RedisMulti {
         n: u64,
     ) -> Result<MultiDecision, RedisLimitError> {
         let key = key.as_ref();
-        let (keys, now) = self.prepare(key, n)?;
-        let decision = match run_ops(&self.path, Op::Check, &keys, &self.scripts, n, now).await {
+        let limits = self.limits.get();
+        let (keys, now) = self.prepare(&limits, key, n)?;
+        let decision = match run_ops(&self.path, Op::Check, &keys, &limits.scripts, n, now).await {
             Ok(outcome) => Self::binding(&outcome),
             Err(_) => {
-                let first = &self.scripts[0];
+                let first = &limits.scripts[0];
                 self.path
                     .fallback(key, n, first.burst(), first.interval_nanos())
                     .into()
@@ -370,28 +402,85 @@ impl RedisMulti {
         Ok(self.operate(Op::Reset, key.as_ref(), 1).await?.flag > 0)
     }
 
-    /// The quotas, in order.
-    pub fn quotas(&self) -> &Quotas {
-        &self.quotas
+    /// The quotas enforced now, in order, as given (to
+    /// [`RedisLimiter::multi`] or to [`set_quotas`](RedisMulti::set_quotas)).
+    pub fn quotas(&self) -> Quotas {
+        self.limits.get().quotas.clone()
+    }
+
+    /// Changes every limit's quota while the multi-limit serves, through
+    /// `&self` (in an `Arc` behind the HTTP layer, say): calls that begin
+    /// after this returns send the new quotas to the script, each call
+    /// wholly at the old quotas or wholly at the new ones. Every bucket in
+    /// Redis is kept, by the one rule every limiter follows ([`Quota`]'s
+    /// "Changing a quota while serving"): limit `i`'s bucket is keyed by
+    /// its position alone ([`redis_keys`](RedisMulti::redis_keys)), and the
+    /// script reads its stored TAT under whatever quota the call brings.
+    ///
+    /// An error, changing nothing, when `quotas` has another number of
+    /// limits than this multi-limit ([`RedisBuildError::Quotas`] holding
+    /// [`QuotasError::CountChanged`]), or when the script cannot hold one
+    /// of them in microseconds ([`RedisBuildError::Unrepresentable`]).
+    ///
+    /// [`Quota`]: crate::Quota
+    ///
+    /// ```no_run
+    /// # async fn run(limiter: turnstile_rl::redis::RedisLimiter) -> Result<(), Box<dyn std::error::Error>> {
+    /// use turnstile_rl::redis::RedisBuildError;
+    /// use turnstile_rl::QuotasError;
+    ///
+    /// let multi = limiter.multi("10/s burst 20; 1000/h".parse()?)?;
+    /// multi.set_quotas("10/s burst 40; 1000/h".parse()?)?; // one quota per limit, in order
+    /// assert_eq!(multi.quotas(), "10/s burst 40; 1000/h".parse()?);
+    /// assert!(matches!(
+    ///     multi.set_quotas("10/s".parse()?),
+    ///     Err(RedisBuildError::Quotas(QuotasError::CountChanged { limits: 2, given: 1 }))
+    /// ));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_quotas(&self, quotas: Quotas) -> Result<(), RedisBuildError> {
+        let limits = self.limits.get().scripts.len();
+        if quotas.len() != limits {
+            return Err(QuotasError::CountChanged {
+                limits,
+                given: quotas.len(),
+            }
+            .into());
+        }
+        self.limits.set(Limits::new(quotas)?);
+        Ok(())
+    }
+
+    /// A number that moves whenever the quotas change (0 until the first
+    /// [`set_quotas`](RedisMulti::set_quotas)): what the HTTP layer
+    /// compares to know its `RateLimit-Policy` is current.
+    pub fn quota_version(&self) -> u64 {
+        self.limits.get().version
     }
 
     /// The Redis keys of `key`'s limits: the limiter's key, hash-tagged on
     /// the caller's key (so all share one slot) unless the limiter already
-    /// tags, then the limit's position and parameters (so two lists never
-    /// share a bucket by accident).
+    /// tags, then `:{i}`, the limit's position in the list. The position
+    /// alone, not the quota, so a bucket outlives a change of its quota
+    /// ([`set_quotas`](RedisMulti::set_quotas)) as every limiter's does;
+    /// two multi-limits with different lists need different prefixes, as
+    /// two limiters with different quotas do.
     pub fn redis_keys(&self, key: &[u8]) -> Vec<Vec<u8>> {
+        self.keys(key, self.limits.get().scripts.len())
+    }
+
+    /// The Redis keys of `key`'s `limits` limits.
+    fn keys(&self, key: &[u8], limits: usize) -> Vec<Vec<u8>> {
         let tag = match &self.hash_tag {
             HashTag::None => &HashTag::Key,
             tagged => tagged,
         };
         let base = redis_key(&self.prefix, tag, key);
-        self.scripts
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let (t, tau) = s.micros();
+        (0..limits)
+            .map(|i| {
                 let mut k = base.clone();
-                k.extend_from_slice(format!(":{i}:{t}:{tau}").as_bytes());
+                k.extend_from_slice(format!(":{i}").as_bytes());
                 k
             })
             .collect()
@@ -399,29 +488,26 @@ impl RedisMulti {
 
     /// A peek, refund or reset: Redis's answer, or why there is none.
     async fn operate(&self, op: Op, key: &[u8], n: u64) -> Result<Outcome, RedisLimitError> {
-        let (keys, now) = self.prepare(key, n)?;
-        Ok(run_ops(&self.path, op, &keys, &self.scripts, n, now).await?)
+        let limits = self.limits.get();
+        let (keys, now) = self.prepare(&limits, key, n)?;
+        Ok(run_ops(&self.path, op, &keys, &limits.scripts, n, now).await?)
     }
 
-    /// Checks the key and cost, and reads the client clock: everything that
-    /// can refuse a call before it is sent.
-    fn prepare(&self, key: &[u8], n: u64) -> Result<(Vec<Vec<u8>>, Option<u64>), RedisLimitError> {
-        self.check_cost(n)?;
+    /// Checks the key and the cost (against `limits`, the call's quotas),
+    /// and reads the client clock: everything that can refuse a call
+    /// before it is sent.
+    fn prepare(
+        &self,
+        limits: &Limits,
+        key: &[u8],
+        n: u64,
+    ) -> Result<(Vec<Vec<u8>>, Option<u64>), RedisLimitError> {
+        limits.check_cost(n)?;
         check_key(key)?;
-        Ok((self.redis_keys(key), self.path.client_now()?))
-    }
-
-    fn check_cost(&self, n: u64) -> Result<(), RedisLimitError> {
-        let min = self.quotas.min_burst();
-        match n {
-            0 => Err(CostError::Zero.into()),
-            n if n > min => Err(CostError::ExceedsBurst {
-                cost: n,
-                burst: min,
-            }
-            .into()),
-            _ => Ok(()),
-        }
+        Ok((
+            self.keys(key, limits.scripts.len()),
+            self.path.client_now()?,
+        ))
     }
 
     /// The binding limit of a check's or peek's decisions.
