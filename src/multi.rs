@@ -390,10 +390,18 @@ fn version_of(limits: &[impl Limit]) -> u64 {
 /// Rejects a cost that some limit of `gcras` can never admit, naming the
 /// smallest burst.
 fn check_cost(gcras: &[Gcra], n: u64) -> Result<(), CostError> {
-    match gcras.iter().map(|gcra| gcra.check_cost(n)).find(Result::is_err) {
+    match gcras
+        .iter()
+        .map(|gcra| gcra.check_cost(n))
+        .find(Result::is_err)
+    {
         Some(Err(CostError::ExceedsBurst { cost, .. })) => Err(CostError::ExceedsBurst {
             cost,
-            burst: gcras.iter().map(|g| g.quota().burst_size()).min().unwrap_or(0),
+            burst: gcras
+                .iter()
+                .map(|g| g.quota().burst_size())
+                .min()
+                .unwrap_or(0),
         }),
         Some(error) => error,
         None => Ok(()),

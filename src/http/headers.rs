@@ -150,7 +150,11 @@ impl HeaderSet {
     /// when the IETF fields are off: this thread's rendering while
     /// `version` is the one it was made for, else `quotas()` rendered again
     /// (read after `version`, so a value is never older than its version).
-    pub(crate) fn policy(&self, version: u64, quotas: impl FnOnce() -> Vec<Quota>) -> Option<HeaderValue> {
+    pub(crate) fn policy(
+        &self,
+        version: u64,
+        quotas: impl FnOnce() -> Vec<Quota>,
+    ) -> Option<HeaderValue> {
         if !self.ietf {
             return None;
         }

@@ -540,7 +540,10 @@ impl<K> RawMap<K> {
     pub(crate) fn assert_quiescent_accounting(&self, guard: &Guard) {
         // SAFETY: as in `capacity`.
         let t = unsafe { self.root.load(Ordering::Acquire, guard).deref() };
-        assert!(t.next.load(Ordering::Acquire, guard).is_null(), "a migration is under way");
+        assert!(
+            t.next.load(Ordering::Acquire, guard).is_null(),
+            "a migration is under way"
+        );
         let filled = t
             .slots
             .iter()
