@@ -24,11 +24,11 @@
 //!    bound is reached). turnstile with `max_keys(100_000)`; governor has no
 //!    bound (its `retain_recent` is not called, as nothing in governor calls
 //!    it by itself), so its figure is that of holding all 10,000,000 keys.
-//! 3. **The curve**: bytes per key as in 1, for `u64` keys, at key counts
-//!    from 100,000 to 2,000,000, turnstile (with `max_keys` above the
-//!    count) beside governor: a power-of-two table (either map's) is
-//!    between a quarter and a half full depending on where the count falls,
-//!    so one point alone says little.
+//! 3. **The curve**: bytes per key as in 1, for `u64` keys and for 16-byte
+//!    `String` keys, at key counts from 100,000 to 2,000,000, turnstile
+//!    (with `max_keys` at the count) beside governor: a power-of-two table
+//!    (either map's) is fuller or emptier depending on where the count
+//!    falls, so one point alone says little.
 
 use std::fmt::Write as _;
 use std::num::NonZeroU32;
@@ -50,6 +50,15 @@ use turnstile_test_kit::keys;
 const KEYS: usize = 1_000_000;
 const FLOOD: u64 = 10_000_000;
 const FLOOD_MAX_KEYS: usize = 100_000;
+
+/// Writes `k` as 16 hex digits into `buf` (reused, so the input is not
+/// counted) and hands the 16-byte key to `f`.
+fn with_hex<R>(buf: &std::cell::RefCell<String>, k: u64, f: impl FnOnce(&String) -> R) -> R {
+    let mut buf = buf.borrow_mut();
+    buf.clear();
+    write!(buf, "{k:016x}").expect("writing to a String");
+    f(&buf)
+}
 
 /// A row of the per-key table: a limiter made by `make`, fed `KEYS` keys
 /// produced by `check` (which gets the limiter and the key's random number).
@@ -135,12 +144,7 @@ fn main() {
                 std::cell::RefCell::new(String::new()),
             )
         },
-        |(l, buf), k| {
-            let mut buf = buf.borrow_mut();
-            buf.clear();
-            write!(buf, "{k:016x}").expect("writing to a String");
-            l.check(buf.as_str()).is_allowed()
-        },
+        |(l, buf), k| with_hex(buf, k, |key| l.check(key.as_str()).is_allowed()),
         |(l, _)| Some(l.capacity()),
     ));
     rows.push(per_key(
@@ -157,12 +161,7 @@ fn main() {
                 std::cell::RefCell::new(String::new()),
             )
         },
-        |(l, buf), k| {
-            let mut buf = buf.borrow_mut();
-            buf.clear();
-            write!(buf, "{k:016x}").expect("writing to a String");
-            l.check_key(&buf).is_ok()
-        },
+        |(l, buf), k| with_hex(buf, k, |key| l.check_key(key).is_ok()),
         |_| None,
     ));
     rows.push(per_key(
@@ -179,12 +178,7 @@ fn main() {
                 std::cell::RefCell::new(String::new()),
             )
         },
-        |(l, buf), k| {
-            let mut buf = buf.borrow_mut();
-            buf.clear();
-            write!(buf, "{k:016x}").expect("writing to a String");
-            l.allow_request(buf.as_str(), 1.0)
-        },
+        |(l, buf), k| with_hex(buf, k, |key| l.allow_request(key.as_str(), 1.0)),
         |_| None,
     ));
 
@@ -232,9 +226,9 @@ fn main() {
         governor.2.as_secs_f64()
     );
 
-    println!("\n## Bytes per `u64` key from 100,000 to 2,000,000 keys\n");
-    println!("| keys | turnstile | turnstile slots | governor (DashMap, std hasher) |");
-    println!("| ---: | ---: | ---: | ---: |");
+    println!("\n## Bytes per key from 100,000 to 2,000,000 keys (`u64`, and 16-byte `String`)\n");
+    println!("| keys | turnstile `u64` | turnstile slots | governor `u64` (DashMap, std hasher) | turnstile `String` | governor `String` |");
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
     for keys in [
         100_000, 200_000, 300_000, 500_000, 700_000, 1_000_000, 1_500_000, 2_000_000,
     ] {
@@ -250,11 +244,36 @@ fn main() {
             |l, k| l.check_key(&k).is_ok(),
             |_| None,
         );
+        let (ours_string, _, _) = bytes_for(
+            keys,
+            || {
+                (
+                    KeyedLimiter::<String>::builder(hour).max_keys(keys).build(),
+                    std::cell::RefCell::new(String::new()),
+                )
+            },
+            |(l, buf), k| with_hex(buf, k, |key| l.check(key.as_str()).is_allowed()),
+            |_| None,
+        );
+        let (theirs_string, _, _) = bytes_for(
+            keys,
+            || {
+                (
+                    governor::RateLimiter::<String, _, _>::keyed(governor_hour),
+                    std::cell::RefCell::new(String::new()),
+                )
+            },
+            |(l, buf), k| with_hex(buf, k, |key| l.check_key(key).is_ok()),
+            |_| None,
+        );
+        let per = |bytes: usize| bytes as f64 / keys as f64;
         println!(
-            "| {keys} | {:.1} | {} | {:.1} |",
-            ours as f64 / keys as f64,
+            "| {keys} | {:.1} | {} | {:.1} | {:.1} | {:.1} |",
+            per(ours),
             slots.unwrap_or(0),
-            theirs as f64 / keys as f64
+            per(theirs),
+            per(ours_string),
+            per(theirs_string)
         );
     }
 }

@@ -957,7 +957,8 @@ mod tests {
             );
         }
         assert_eq!(limiter.len(), 50_000);
-        assert!(limiter.capacity() >= 100_000);
+        // Grown: a table is at most four fifths full.
+        assert!(limiter.capacity() >= 50_000 * 5 / 4);
     }
 
     #[test]

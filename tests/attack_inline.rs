@@ -192,6 +192,13 @@ fn exact_burst_attack(
     let stop = AtomicBool::new(false);
     let migrations = Migrations::default();
     let fast = fast_quota();
+    // New churn keys allowed per step: enough for the table to grow several
+    // times between two sweeps, and a bound on what a step's `evict_idle`
+    // migrates however long the driver waits to be scheduled (without it
+    // the churn piled up on a loaded machine, and each slower step made
+    // the next one slower still).
+    const CHURN_PER_STEP: u64 = 4_096;
+    let churn_budget = AtomicU64::new(CHURN_PER_STEP);
     thread::scope(|s| {
         for t in 0..hot {
             let (limiter, hot_keys, admitted, stop) = (&limiter, &hot_keys, &admitted, &stop);
@@ -221,10 +228,18 @@ fn exact_burst_attack(
             });
         }
         for t in 0..2u64 {
-            let (limiter, stop, fast) = (&limiter, &stop, &fast);
+            let (limiter, stop, fast, churn_budget) = (&limiter, &stop, &fast, &churn_budget);
             s.spawn(move || {
                 let mut id = t << 32;
                 while !stop.load(Ordering::Relaxed) {
+                    let spent =
+                        churn_budget.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+                            b.checked_sub(1)
+                        });
+                    if spent.is_err() {
+                        thread::yield_now();
+                        continue;
+                    }
                     id += 1;
                     let _ = limiter.check_with(&Key::new(id, counts), fast);
                     PROGRESS.fetch_add(1, Ordering::Relaxed);
@@ -237,6 +252,7 @@ fn exact_burst_attack(
             wait_progress(&mut last, 500);
             clock.advance(Duration::from_millis(5));
             limiter.evict_idle();
+            churn_budget.store(CHURN_PER_STEP, Ordering::Relaxed);
             migrations.saw(&mut capacity, limiter.capacity());
             for _ in 0..20 {
                 thread::yield_now();

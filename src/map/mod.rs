@@ -296,7 +296,8 @@ mod tests {
         }
         assert!(pinned.find(map.hash("absent"), "absent").is_none());
         assert_eq!(map.len(), 40);
-        assert!(pinned.capacity() >= 80);
+        // Grown: a table is at most four fifths full.
+        assert!(pinned.capacity() >= 40 * 5 / 4);
     }
 
     #[test]
