@@ -786,7 +786,10 @@ where
     /// The limiter.
     pub fn build(self) -> KeyedLimiter<K, C, A> {
         KeyedLimiter {
-            map: self.hasher_seed.map_or_else(Map::new, Map::seeded),
+            map: match self.hasher_seed {
+                None => Map::new(self.max_keys),
+                Some(seed) => Map::seeded(seed, self.max_keys),
+            },
             algorithm: Live::new(self.algorithm),
             clock: self.clock,
             max_keys: self.max_keys,

@@ -25,8 +25,8 @@ static SERIAL: Mutex<()> = Mutex::new(());
 const GROWN: u64 = 100_000;
 
 /// At least what the grown table holds: a 16-byte slot per key. (Its exact
-/// size, a power of two, may sit just under what the smaller tables it
-/// retired held, depending on when those are freed.)
+/// size may sit just under what the smaller tables it retired held,
+/// depending on when those are freed.)
 const GROWN_BYTES: usize = 16 * GROWN as usize;
 
 /// Checks the working thread may make before the garbage must be gone.

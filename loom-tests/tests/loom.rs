@@ -286,12 +286,16 @@ fn two_inserts_race_migration_start() {
         let clock = ManualClock::new();
         let limiter = keyed(2, &clock);
         let other = limiter.clone();
-        let a = spawn(move || other.check(&2).is_allowed());
-        assert!(limiter.check(&4).is_allowed());
+        // Keys whose homes (under the models' fixed hasher) are both the
+        // first slot of the first table and different slots of its
+        // successor: the first key in is then the first chunk migrated.
+        let (k, j) = (14, 13);
+        let a = spawn(move || other.check(&k).is_allowed());
+        assert!(limiter.check(&j).is_allowed());
         assert!(a.join().unwrap());
         assert_eq!(limiter.len(), 2);
-        assert_eq!(limiter.check(&2).remaining(), 0);
-        assert_eq!(limiter.check(&4).remaining(), 0);
+        assert_eq!(limiter.check(&k).remaining(), 0);
+        assert_eq!(limiter.check(&j).remaining(), 0);
         // Finishes the migration (and makes one more): then every slot
         // reserved in the table, for an insert or a copy, is filled.
         assert_eq!(limiter.evict_idle(), 0);

@@ -28,26 +28,25 @@ pub(crate) struct Map<K> {
 // Only the constructors ask for `K: Send + 'static` (see `Map`): a map
 // that exists was built with it.
 impl<K: Send + 'static> Map<K> {
-    pub(crate) fn new() -> Self {
-        Map::with_hasher(new_hasher())
+    /// A map sized for at most `max_keys` live keys.
+    pub(crate) fn new(max_keys: usize) -> Self {
+        Map::with_hasher(new_hasher(), max_keys)
     }
 
-    fn with_hasher(hasher: ahash::RandomState) -> Self {
+    fn with_hasher(hasher: ahash::RandomState, max_keys: usize) -> Self {
         Map {
-            raw: RawMap::new(hasher),
+            raw: RawMap::new(hasher, max_keys),
         }
     }
 
     /// A map whose hasher has fixed keys from `seed`: two such maps fed the
     /// same requests make the same choices (tests only; see
     /// `KeyedLimiterBuilder::hasher_seed`).
-    pub(crate) fn seeded(seed: u64) -> Self {
-        Map::with_hasher(ahash::RandomState::with_seeds(
-            seed,
-            !seed,
-            seed.rotate_left(32),
-            1,
-        ))
+    pub(crate) fn seeded(seed: u64, max_keys: usize) -> Self {
+        Map::with_hasher(
+            ahash::RandomState::with_seeds(seed, !seed, seed.rotate_left(32), 1),
+            max_keys,
+        )
     }
 }
 
@@ -284,7 +283,7 @@ mod tests {
 
     #[test]
     fn insert_find_and_grow_keep_every_bucket() {
-        let map = Map::<String>::new();
+        let map = Map::<String>::new(crate::keyed::DEFAULT_MAX_KEYS);
         let keys: Vec<String> = (0..40).map(|i| format!("key-{i}")).collect();
         for key in &keys {
             assert_eq!(insert(&map, key), 0);
@@ -302,7 +301,7 @@ mod tests {
 
     #[test]
     fn idle_buckets_are_left_behind_by_migration_and_freed() {
-        let map = Map::<String>::new();
+        let map = Map::<String>::new(crate::keyed::DEFAULT_MAX_KEYS);
         for i in 0..30 {
             insert(&map, &format!("k{i}"));
         }
@@ -326,7 +325,7 @@ mod tests {
 
     #[test]
     fn overflow_eviction_picks_the_smallest_state() {
-        let map = Map::<String>::new();
+        let map = Map::<String>::new(crate::keyed::DEFAULT_MAX_KEYS);
         insert(&map, "a");
         insert(&map, "b");
         let gcra = Gcra::new(&"1/s burst 5".parse().unwrap());
@@ -352,7 +351,7 @@ mod tests {
 
     #[test]
     fn two_threads_insert_and_update_one_key() {
-        let map = Map::<String>::new();
+        let map = Map::<String>::new(crate::keyed::DEFAULT_MAX_KEYS);
         let gcra = Gcra::new(&"1/h burst 10".parse().unwrap());
         std::thread::scope(|s| {
             for _ in 0..2 {

@@ -259,7 +259,6 @@ impl<K> Slot<K> {
 struct Table<K> {
     // Read by every lookup.
     slots: Box<[Slot<K>]>,
-    mask: usize,
     /// The successor while this table is being migrated.
     next: Atomic<Table<K>>,
     /// Slots held back in `occupied` for the buckets a migration may copy
@@ -317,11 +316,9 @@ impl<K> Table<K> {
     /// A table of `capacity` slots that holds back room for
     /// `reserved_for_copies` buckets copied in by a migration.
     fn new(capacity: usize, reserved_for_copies: usize) -> Self {
-        debug_assert!(capacity.is_power_of_two());
         debug_assert!(reserved_for_copies <= fill_limit(capacity));
         Table {
             slots: empty_slots(capacity),
-            mask: capacity - 1,
             next: Atomic::null(),
             reserved_for_copies,
             counters: CachePadded::new(TableCounters {
@@ -336,8 +333,30 @@ impl<K> Table<K> {
         }
     }
 
+    #[inline]
     fn capacity(&self) -> usize {
-        self.mask + 1
+        self.slots.len()
+    }
+
+    /// The slot where the probe for `hash` starts. A multiply-shift (Lemire's
+    /// "fastrange") maps the hash onto any capacity, so tables need not be
+    /// powers of two: it takes the hash's high bits, which ahash mixes as
+    /// well as its low ones.
+    #[inline]
+    fn home(&self, hash: u64) -> usize {
+        ((u128::from(hash) * self.capacity() as u128) >> 64) as usize
+    }
+
+    /// The slot `offset` slots after `index`, wrapping at the end of the
+    /// table (`offset` is at most the capacity).
+    #[inline]
+    fn after(&self, index: usize, offset: usize) -> usize {
+        let slot = index + offset;
+        if slot >= self.capacity() {
+            slot - self.capacity()
+        } else {
+            slot
+        }
     }
 
     /// Slots filled or reserved.
@@ -394,13 +413,23 @@ impl<K> Drop for Table<K> {
     }
 }
 
+/// Slots per key, as a fraction, of a table that holds as many keys as
+/// the map may (`max_keys`): above the three halves `capacity_for` gives,
+/// so that evictions there leave room for some dead slots before a
+/// cleanup migration, and not the power of two above, whose table is the
+/// flood's peak twice over while it migrates (`BENCHMARKS.md`, "The
+/// bound's table").
+const SLOTS_PER_KEY_AT_THE_BOUND: (usize, usize) = (7, 4);
+
 /// The capacity for a table that will hold `live` keys: three slots for
-/// every two keys, rounded up to a power of two, so a table starts a
-/// migration's life between a third and two thirds full, and grows (at
-/// [`fill_limit`]) into a successor twice its size. Its fill limit is
-/// always above `live` (at least a fifth above), so a successor that holds
-/// room for `live` copies still takes inserts. Under loom, three slots a
-/// key, as the models' tables were drawn for.
+/// every two keys, rounded up to a power of two, so a growing table starts
+/// a migration's life between two fifths and four fifths full and grows
+/// (at [`fill_limit`]) into a successor twice its size, each key copied
+/// about once on its way up. (Growing by a fifth instead would keep every
+/// table two thirds full or more, but copies each key five times.) Its
+/// fill limit is always above `live` (at least a fifth above), so a
+/// successor that holds room for `live` copies still takes inserts. Under
+/// loom, three slots a key, as the models' tables were drawn for.
 fn capacity_for(live: usize) -> usize {
     let slots = if cfg!(turnstile_loom) {
         live.saturating_mul(3)
@@ -411,6 +440,16 @@ fn capacity_for(live: usize) -> usize {
         .max(MIN_CAPACITY)
         .checked_next_power_of_two()
         .unwrap_or(1 << (usize::BITS - 2))
+}
+
+/// The largest table a map of at most `max_keys` live keys grows to
+/// ([`SLOTS_PER_KEY_AT_THE_BOUND`]); no cap under loom.
+fn largest_capacity(max_keys: usize) -> usize {
+    let (slots, keys) = SLOTS_PER_KEY_AT_THE_BOUND;
+    if cfg!(turnstile_loom) {
+        return usize::MAX;
+    }
+    (max_keys.saturating_mul(slots) / keys).max(MIN_CAPACITY)
 }
 
 /// How many slots of a table of `capacity` may be filled or reserved
@@ -482,6 +521,9 @@ pub(crate) struct RawMap<K> {
     /// Live (not dead) buckets in all tables. Padded: inserts write it,
     /// every lookup reads `root`.
     len: CachePadded<AtomicUsize>,
+    /// The capacity past which no table grows: the size for `max_keys`
+    /// (see [`largest_capacity`]).
+    largest: usize,
     /// Hashes keys; a migration rehashes each key it copies.
     hasher: ahash::RandomState,
     /// Inserts announced and not yet finished (see `super::inflight`).
@@ -489,13 +531,22 @@ pub(crate) struct RawMap<K> {
 }
 
 impl<K> RawMap<K> {
-    pub(crate) fn new(hasher: ahash::RandomState) -> Self {
+    /// An empty map for at most `max_keys` live keys (more are never
+    /// lost, but its tables are sized for that many).
+    pub(crate) fn new(hasher: ahash::RandomState, max_keys: usize) -> Self {
         RawMap {
+            largest: largest_capacity(max_keys),
             root: Atomic::new(Table::new(MIN_CAPACITY, 0)),
             len: CachePadded::new(AtomicUsize::new(0)),
             hasher,
             inflight: InFlight::new(),
         }
+    }
+
+    /// The capacity of a successor for `live` keys: [`capacity_for`]'s, at
+    /// most the largest table unless `live` needs more.
+    fn successor_capacity(&self, live: usize) -> usize {
+        capacity_for(live).min(self.largest.max(live.saturating_add(live / 2)))
     }
 
     #[inline]
@@ -561,7 +612,7 @@ impl<K> RawMap<K> {
         // SAFETY: as in `capacity`: the root is never null and is retired
         // only through the pin, which waits for `guard`'s.
         let t = unsafe { self.root.load(Ordering::Acquire, guard).deref() };
-        prefetch(std::ptr::from_ref(&t.slots[hash as usize & t.mask]).cast());
+        prefetch(std::ptr::from_ref(&t.slots[t.home(hash)]).cast());
     }
 }
 
@@ -609,7 +660,7 @@ impl<K: Hash + Eq> RawMap<K> {
             // SAFETY: tables are reached from the root or a `next` pointer
             // and retired only through the pin, which waits for `guard`'s.
             let t = unsafe { table.deref() };
-            let mut index = hash as usize & t.mask;
+            let mut index = t.home(hash);
             let mut probed = 0;
             while probed < t.capacity() {
                 let slot = &t.slots[index];
@@ -630,7 +681,7 @@ impl<K: Hash + Eq> RawMap<K> {
                     // successor. Dead: absent (a live one may follow).
                     _ => {}
                 }
-                index = (index + 1) & t.mask;
+                index = t.after(index, 1);
                 probed += 1;
             }
             // Not in this table: a key inserted or copied during a
@@ -674,7 +725,7 @@ impl<K: Hash + Eq> RawMap<K> {
         'tables: loop {
             // SAFETY: as in `find`.
             let t = unsafe { table.deref() };
-            let mut index = hash as usize & t.mask;
+            let mut index = t.home(hash);
             let mut probed = 0;
             let mut waited = 0;
             // Bounded: each pass either moves to the next slot (at most
@@ -746,7 +797,7 @@ impl<K: Hash + Eq> RawMap<K> {
                     }
                     _ => {}
                 }
-                index = (index + 1) & t.mask;
+                index = t.after(index, 1);
                 probed += 1;
             }
             table = self.successor(table, idle, guard);
@@ -934,7 +985,7 @@ impl<K: Hash + Eq> RawMap<K> {
             return current;
         }
         let live = self.len.load(Ordering::Relaxed);
-        let next = Owned::new(Table::new(capacity_for(live), live));
+        let next = Owned::new(Table::new(self.successor_capacity(live), live));
         // AcqRel: publishes the new table's fields; Acquire on failure to
         // read the winner's. A loser's table is dropped unpublished.
         match t.next.compare_exchange(
@@ -965,7 +1016,7 @@ impl<K: Hash + Eq> RawMap<K> {
         let t = unsafe { root.deref() };
         let live = self.len();
         let dead = t.occupied().saturating_sub(live);
-        let oversized = capacity_for(live) <= t.capacity() / 4;
+        let oversized = self.successor_capacity(live) <= t.capacity() / 4;
         if t.capacity() > MIN_CAPACITY
             && (dead >= t.capacity() / 4 || oversized)
             && t.next.load(Ordering::Acquire, guard).is_null()
@@ -1242,10 +1293,10 @@ impl<K: Hash + Eq> RawMap<K> {
         let root = self.root.load(Ordering::Acquire, guard);
         // SAFETY: as in `find`.
         let t = unsafe { root.deref() };
-        let start = t.counters.sweep.fetch_add(budget, Ordering::Relaxed);
+        let start = t.counters.sweep.fetch_add(budget, Ordering::Relaxed) % t.capacity();
         (0..budget.min(t.capacity()))
             .filter(|offset| {
-                let slot = &t.slots[start.wrapping_add(*offset) & t.mask];
+                let slot = &t.slots[t.after(start, *offset)];
                 self.sweep_slot(slot, idle)
             })
             .count()
@@ -1307,18 +1358,18 @@ impl<K: Hash + Eq> RawMap<K> {
             }
             // SAFETY: as in `find`.
             let t = unsafe { table.deref() };
-            let start = hash as usize;
+            let start = t.home(hash);
             // The window's lines are independent loads: ask for them all
             // at once, so their misses overlap instead of queueing.
             for offset in (0..t.capacity().min(window)).step_by(slots_per_line::<K>()) {
-                prefetch(std::ptr::from_ref(&t.slots[start.wrapping_add(offset) & t.mask]).cast());
+                prefetch(std::ptr::from_ref(&t.slots[t.after(start, offset)]).cast());
             }
             for offset in 0..t.capacity() {
                 // Past the window only until two candidates are in hand.
                 if offset >= window && seen >= 2 {
                     break;
                 }
-                let slot = &t.slots[start.wrapping_add(offset) & t.mask];
+                let slot = &t.slots[t.after(start, offset)];
                 let (Seen::Live(state), false) = Seen::of(slot.cell.word()) else {
                     continue;
                 };
@@ -1395,7 +1446,7 @@ impl<K> Table<K> {
     /// `from` holds a published key (its word was live), and the caller's
     /// guard keeps both tables alive.
     unsafe fn place_copy(&self, from: &Slot<K>, state: u64, hash: u64) -> bool {
-        let mut index = hash as usize & self.mask;
+        let mut index = self.home(hash);
         let mut probed = 0;
         let mut waited = 0;
         while probed < self.capacity() {
@@ -1425,7 +1476,7 @@ impl<K> Table<K> {
                 }
                 _ => {}
             }
-            index = (index + 1) & self.mask;
+            index = self.after(index, 1);
             probed += 1;
         }
         false
