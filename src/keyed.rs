@@ -17,9 +17,10 @@
 //!   table is being resized, copies that many slots instead). Every other
 //!   `check` pays one relaxed load of the next tick's time. After a
 //!   burst of keys goes idle, a table of `S` slots is swept in `S / 256` ms
-//!   of traffic: for a million idle `u64` keys (2M slots), the map is back
-//!   to within a few kilobytes of its baseline after about 21 s of traffic
-//!   from a single user (measured in `tests/keyed_memory.rs`).
+//!   of traffic: for a million idle `u64` keys (1.75M slots at the default
+//!   bound), the map is back to within a few kilobytes of its baseline
+//!   after about 17 s of traffic from a single user (measured in
+//!   `tests/keyed_memory.rs`).
 //! - **When a quarter of the table is dead weight, or it is four times
 //!   larger than the live keys need**, the sweep starts a migration to a
 //!   table sized for the live keys (`capacity_for` in `map::raw`), so
@@ -225,8 +226,9 @@ pub enum OverflowPolicy {
 /// One bucket per key: lock-free, bounded, self-evicting.
 ///
 /// Keys live inline in the map's table, each beside its bucket's 8-byte
-/// cell, so a lookup reads one cache line; the table has two to four slots
-/// per key. Small keys (integers, IP addresses, tuples of them, `String`,
+/// cell, so a lookup reads one cache line; the table has a quarter more
+/// slots than keys to two and a half times as many (`capacity_for` and
+/// `SLOTS_PER_KEY_AT_THE_BOUND` in the map's source). Small keys (integers, IP addresses, tuples of them, `String`,
 /// whose text is on the heap) suit it; for a key type of many bytes, key
 /// the limiter by a `Box`, an `Arc` or a digest of it instead.
 ///
