@@ -326,7 +326,35 @@ fn bound_tables_reach_their_documented_sizes() {
                 "max_keys {m}: not reached: only {copied} copies"
             );
         }
-        let found = count_by_reset(&limiter, 0..total, &dog);
+        // At the bound, a migration copies the `m - 1` keys live beside the
+        // inserting key's place and leaves room for about
+        // `fill_limit - m` more inserts: so `extra` overflow inserts cost
+        // at most (extra / room + 2) migrations' copies. More would mean
+        // the bound's table migrates early (`occupied` drifting up).
+        let (before, extra) = (copies(), 2 * m as u64 + 400);
+        for id in total..total + extra {
+            assert!(check(&limiter, &Id::new(id)).is_allowed(), "a fresh key");
+            if id % 1024 == 0 {
+                dog.tick();
+            }
+        }
+        let at_bound = copies() - before;
+        let room = (expect - expect / 5 - m) as u64;
+        let most = (extra / room + 2) * m as u64;
+        eprintln!(
+            "max_keys {m}: at the bound, {extra} overflow inserts copied {at_bound} buckets ({:.2} a key; at most {most} allowed, room {room} a migration)",
+            at_bound as f64 / extra as f64
+        );
+        assert!(
+            at_bound <= most,
+            "max_keys {m}: {at_bound} copies for {extra} inserts at the bound, above {most}"
+        );
+        assert_eq!(
+            limiter.capacity(),
+            expect,
+            "max_keys {m}: table at the bound"
+        );
+        let found = count_by_reset(&limiter, 0..total + extra, &dog);
         assert_eq!(found, m, "max_keys {m}: keys found by reset vs len");
         assert_eq!(limiter.len(), 0);
         if !expect.is_power_of_two() {
@@ -1303,4 +1331,129 @@ fn poisoned_hash_in_migrations_of_22_slots() {
 #[test]
 fn poisoned_hash_in_migrations_of_175_slots() {
     poisoned(100);
+}
+
+// ---------------------------------------------------------------------
+// 7. `clear` and batches racing a flood at odd bounds.
+// ---------------------------------------------------------------------
+
+/// 4 threads flood a limiter at `max_keys` (frozen clock, `EvictFullest`),
+/// two of them through `check_batch` (8 keys a batch: prefetches of home
+/// slots on the odd root while it migrates), while a fifth calls `clear`
+/// every 0.3 ms: a whole-table migration into a successor sized for the
+/// live keys (the bound's odd table) racing the flood's inserts and
+/// overflow evictions, then a shrink. `len` within the bound throughout;
+/// at the end the keys found by reset are `len`, every key dropped once.
+fn clear_race(max_keys: usize) {
+    let _serial = serial();
+    let dog = watchdog("clear race", Duration::from_secs(60));
+    let started = Instant::now();
+    let clock = ManualClock::new();
+    let limiter = limiter::<Id>(
+        "1/h burst 3",
+        &clock,
+        max_keys,
+        OverflowPolicy::EvictFullest,
+        max_keys as u64 + 13,
+    );
+    const CHECKS: u64 = 40_000;
+    let capacities = Mutex::new(BTreeSet::new());
+    let max_len = AtomicUsize::new(0);
+    let done = AtomicU64::new(0);
+    let (mut cleared, mut clears) = (0usize, 0u64);
+    let space = regulars(max_keys) * 2;
+    thread::scope(|s| {
+        for t in 0..4u64 {
+            let (limiter, capacities, max_len, done, dog) =
+                (&limiter, &capacities, &max_len, &done, &dog);
+            s.spawn(move || {
+                let mut rng = SplitMix(t + 1000 * max_keys as u64);
+                let mut seen = Seen::new();
+                let mut out = Vec::new();
+                let mut i = 0;
+                while i < CHECKS {
+                    if t < 2 {
+                        let batch: Vec<Id> = (0..8).map(|_| Id::new(rng.next() % space)).collect();
+                        LOOKUPS.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                        limiter.check_batch(&batch, &mut out);
+                        assert_eq!(out.len(), batch.len());
+                        i += 8;
+                    } else {
+                        let key = Id::new(rng.next() % space);
+                        let _ = check(limiter, &key);
+                        if i % 4 == 3 {
+                            let _ = reset(limiter, &key);
+                        }
+                        i += 1;
+                    }
+                    max_len.fetch_max(limiter.len(), Ordering::Relaxed);
+                    seen.saw(limiter.capacity());
+                    dog.tick();
+                }
+                capacities.lock().unwrap().extend(seen.all);
+                done.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        let mut seen = Seen::new();
+        while done.load(Ordering::SeqCst) < 4 {
+            thread::sleep(Duration::from_micros(300));
+            seen.saw(limiter.capacity());
+            cleared += limiter.clear();
+            clears += 1;
+            seen.saw(limiter.capacity());
+            dog.tick();
+        }
+        capacities.lock().unwrap().extend(seen.all);
+    });
+    let stats = limiter.stats();
+    let len = limiter.len();
+    assert!(len <= max_keys, "len {len} above {max_keys}");
+    let found = count_by_reset(&limiter, 0..space, &dog);
+    assert_eq!(
+        found, len,
+        "max_keys {max_keys}: keys found by reset vs len"
+    );
+    assert_eq!(limiter.len(), 0);
+    drop(limiter);
+    dog.finish();
+    let capacities = capacities.into_inner().unwrap();
+    let max_len = max_len.load(Ordering::Relaxed);
+    eprintln!(
+        "clear race, max_keys {max_keys}: {clears} clears removed {cleared} keys, \
+         capacities {capacities:?}, max len {max_len}, overflow evictions {}, refusals {}, {:?}",
+        stats.overflow_evictions,
+        stats.overflow_refusals,
+        started.elapsed()
+    );
+    assert!(max_len <= max_keys, "len passed the bound: {max_len}");
+    assert!(
+        clears >= 5 && cleared > 0,
+        "not reached: {clears} clears, {cleared} keys"
+    );
+    assert!(
+        stats.overflow_evictions >= 100,
+        "not reached: {} overflow evictions",
+        stats.overflow_evictions
+    );
+    let bound = bound_table(max_keys);
+    assert!(
+        capacities.contains(&bound),
+        "not reached: odd table {bound} not in {capacities:?}"
+    );
+    assert_keys_dropped_once("clear race");
+}
+
+#[test]
+fn clear_and_batches_race_a_flood_at_max_keys_13() {
+    clear_race(13);
+}
+
+#[test]
+fn clear_and_batches_race_a_flood_at_max_keys_100() {
+    clear_race(100);
+}
+
+#[test]
+fn clear_and_batches_race_a_flood_at_max_keys_1000() {
+    clear_race(1000);
 }
