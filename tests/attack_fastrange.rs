@@ -1361,6 +1361,7 @@ fn clear_race(max_keys: usize) {
     let max_len = AtomicUsize::new(0);
     let done = AtomicU64::new(0);
     let (mut cleared, mut clears) = (0usize, 0u64);
+    let mut slowest = Duration::ZERO;
     let space = regulars(max_keys) * 2;
     thread::scope(|s| {
         for t in 0..4u64 {
@@ -1398,7 +1399,9 @@ fn clear_race(max_keys: usize) {
         while done.load(Ordering::SeqCst) < 4 {
             thread::sleep(Duration::from_micros(300));
             seen.saw(limiter.capacity());
+            let took = Instant::now();
             cleared += limiter.clear();
+            slowest = slowest.max(took.elapsed());
             clears += 1;
             seen.saw(limiter.capacity());
             dog.tick();
@@ -1419,8 +1422,8 @@ fn clear_race(max_keys: usize) {
     let capacities = capacities.into_inner().unwrap();
     let max_len = max_len.load(Ordering::Relaxed);
     eprintln!(
-        "clear race, max_keys {max_keys}: {clears} clears removed {cleared} keys, \
-         capacities {capacities:?}, max len {max_len}, overflow evictions {}, refusals {}, {:?}",
+        "clear race, max_keys {max_keys}: {clears} clears removed {cleared} keys (slowest \
+         {slowest:?}), capacities {capacities:?}, max len {max_len}, overflow evictions {}, refusals {}, {:?}",
         stats.overflow_evictions,
         stats.overflow_refusals,
         started.elapsed()
