@@ -806,8 +806,15 @@ fn floods<K: TestKey>(
         );
         idle += r.idle;
         overflows += overflowed;
+        // Migrations copied buckets (at `max_keys` 1 a migration copies
+        // none: the one place is held by the insert that starts it).
         if m > 1 {
-            assert!(r.copies >= 50, "{name}: not reached: {} copies", r.copies);
+            let least = (5 * m as u64).min(50);
+            assert!(
+                r.copies >= least,
+                "{name}: not reached: {} copies",
+                r.copies
+            );
         }
         assert_keys_dropped_once(&name);
     }
