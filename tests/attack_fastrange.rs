@@ -141,6 +141,37 @@ impl Hash for Name {
     }
 }
 
+/// A key whose every instance hashes alike: all keys share one home slot
+/// in every table, so their probe chain is the table's filled run from
+/// that home, and it wraps at the end of the table whenever the home lies
+/// in the last four fifths (each hasher seed puts it elsewhere: over ten
+/// seeds, all ten homes in the first fifth has odds of 1 in 10 million).
+#[derive(Debug, PartialEq, Eq)]
+struct Collide(u64);
+impl TestKey for Collide {
+    const NAME: &'static str = "colliding";
+    fn new(id: u64) -> Self {
+        MADE.fetch_add(1, Ordering::Relaxed);
+        Collide(id)
+    }
+}
+impl Clone for Collide {
+    fn clone(&self) -> Self {
+        Collide::new(self.0)
+    }
+}
+impl Drop for Collide {
+    fn drop(&mut self) {
+        DROPPED.fetch_add(1, Ordering::Relaxed);
+    }
+}
+impl Hash for Collide {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        HASHES.fetch_add(1, Ordering::Relaxed);
+        0u64.hash(h);
+    }
+}
+
 type Limiter<K> = KeyedLimiter<K, ManualClock>;
 
 fn limiter<K: TestKey>(
@@ -1466,4 +1497,40 @@ fn clear_and_batches_race_a_flood_at_max_keys_100() {
 #[test]
 fn clear_and_batches_race_a_flood_at_max_keys_1000() {
     clear_race(1000);
+}
+
+// ---------------------------------------------------------------------
+// 8. Keys that all collide: one probe chain, wrapping at odd ends.
+// ---------------------------------------------------------------------
+
+/// Hot keys exact while every key shares one home (see `Collide`): each
+/// lookup, insert, copy and overflow window walks the one chain across
+/// the end of the odd table, ten hasher seeds per bound.
+#[test]
+fn exact_burst_with_colliding_keys_at_max_keys_13() {
+    exact::<Collide>(13, 11, OverflowPolicy::Deny, 10);
+}
+
+#[test]
+fn exact_burst_with_colliding_keys_at_max_keys_17() {
+    exact::<Collide>(17, 15, OverflowPolicy::EvictFullest, 10);
+}
+
+#[test]
+fn exact_burst_with_colliding_keys_at_max_keys_100() {
+    exact::<Collide>(100, 99, OverflowPolicy::AllowUntracked, 10);
+}
+
+/// Floods of colliding keys: overflow evictions choose among the chain's
+/// first live buckets from the shared home, across the odd end.
+#[test]
+fn flood_of_colliding_keys_at_odd_bounds() {
+    floods::<Collide>(
+        "colliding flood",
+        &[2, 13, 17, 100],
+        4,
+        3_000,
+        OverflowPolicy::EvictFullest,
+        Time::Frozen,
+    );
 }
