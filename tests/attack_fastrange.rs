@@ -1398,19 +1398,22 @@ fn clear_race(max_keys: usize) {
     let capacities = Mutex::new(BTreeSet::new());
     let max_len = AtomicUsize::new(0);
     let done = AtomicU64::new(0);
+    // Clears made so far: the flood goes on until there have been 20, so
+    // that a slow scheduler cannot leave the race unreached.
+    let clears_made = AtomicU64::new(0);
     let (mut cleared, mut clears) = (0usize, 0u64);
     let mut slowest = Duration::ZERO;
     let space = regulars(max_keys) * 2;
     thread::scope(|s| {
         for t in 0..4u64 {
-            let (limiter, capacities, max_len, done, dog) =
-                (&limiter, &capacities, &max_len, &done, &dog);
+            let (limiter, capacities, max_len, done, clears_made, dog) =
+                (&limiter, &capacities, &max_len, &done, &clears_made, &dog);
             s.spawn(move || {
                 let mut rng = SplitMix(t + 1000 * max_keys as u64);
                 let mut seen = Seen::new();
                 let mut out = Vec::new();
                 let mut i = 0;
-                while i < CHECKS {
+                while i < CHECKS || clears_made.load(Ordering::Relaxed) < 20 {
                     if t < 2 {
                         let batch: Vec<Id> = (0..8).map(|_| Id::new(rng.next() % space)).collect();
                         LOOKUPS.fetch_add(batch.len() as u64, Ordering::Relaxed);
@@ -1441,6 +1444,7 @@ fn clear_race(max_keys: usize) {
             cleared += limiter.clear();
             slowest = slowest.max(took.elapsed());
             clears += 1;
+            clears_made.store(clears, Ordering::Relaxed);
             seen.saw(limiter.capacity());
             dog.tick();
         }
@@ -1468,7 +1472,7 @@ fn clear_race(max_keys: usize) {
     );
     assert!(max_len <= max_keys, "len passed the bound: {max_len}");
     assert!(
-        clears >= 5 && cleared > 0,
+        clears >= 20 && cleared > 0,
         "not reached: {clears} clears, {cleared} keys"
     );
     assert!(
