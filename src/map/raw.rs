@@ -364,9 +364,9 @@ impl<K> Table<K> {
         self.counters.occupied.load(Ordering::Relaxed) & !CLOSED
     }
 
-    /// Reserves a slot for an insert, unless the table is closed or half
-    /// full (direct inserts stop there: probe chains stay short). A
-    /// reservation is held while the insert's slot CAS runs.
+    /// Reserves a slot for an insert, unless the table is closed or at its
+    /// [`fill_limit`] (direct inserts stop there: probe chains stay short).
+    /// A reservation is held while the insert's slot CAS runs.
     ///
     /// Release: pairs with `close`'s Acquire. An insert reserves its key in
     /// the map's `len` first (program order), so a migration that closes
