@@ -728,7 +728,7 @@ fn flood<K: TestKey>(
                     // Most checks are of 2 x max_keys + 2 regulars (so
                     // that resets hit live keys under every policy); one
                     // in 8 is of a stranger, reset at once (a dead slot).
-                    let stranger = rng.next() % 8 == 0;
+                    let stranger = rng.next().is_multiple_of(8);
                     let id = if stranger {
                         STRANGERS + rng.next() % space(max_keys)
                     } else {
@@ -1018,7 +1018,7 @@ fn sweep_laps(max_keys: usize) {
             churn - (1 << 40) < 10 * bound as u64,
             "the bound table never came"
         );
-        if churn % 4096 == 0 {
+        if churn.is_multiple_of(4096) {
             dog.tick();
         }
     }
