@@ -228,8 +228,9 @@ pub enum OverflowPolicy {
 /// Keys live inline in the map's table, each beside its bucket's 8-byte
 /// cell, so a lookup reads one cache line; the table has a quarter more
 /// slots than keys to two and a half times as many (`capacity_for` and
-/// `SLOTS_PER_KEY_AT_THE_BOUND` in the map's source). Small keys (integers, IP addresses, tuples of them, `String`,
-/// whose text is on the heap) suit it; for a key type of many bytes, key
+/// `SLOTS_PER_KEY_AT_THE_BOUND` in the map's source). Small keys
+/// (integers, IP addresses, tuples of them, `String`, whose text is on the
+/// heap) suit it; for a key type of many bytes, key
 /// the limiter by a `Box`, an `Arc` or a digest of it instead.
 ///
 /// ```
