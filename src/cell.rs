@@ -157,8 +157,7 @@ fn count_retry() {
         let stripe = STRIPE.with(|stripe| *stripe);
         CAS_RETRIES[stripe].fetch_add(1, Relaxed);
     }
-    #[cfg(turnstile_loom)]
-    crate::probe::hit(&crate::probe::CAS_RETRY);
+    probe!(CAS_RETRY);
 }
 
 /// The live word for `state`.
@@ -177,8 +176,7 @@ fn updatable(word: u64) -> Result<u64, Gone> {
         // Frozen (live or copied): the bucket is the successor's now. EMPTY
         // and BUSY are never handed out as a bucket.
         _ => {
-            #[cfg(turnstile_loom)]
-            crate::probe::hit(&crate::probe::UPDATE_MET_FROZEN);
+            probe!(UPDATE_MET_FROZEN);
             Err(Gone::Moved)
         }
     }

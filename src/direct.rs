@@ -248,11 +248,9 @@ impl<C: Clock> DirectLimiter<C, Gcra> {
                 algorithm.rolled_back(tat, charge, clock.now(), n)
             });
         });
-        #[cfg(turnstile_loom)]
         if !current {
-            crate::probe::hit(&crate::probe::ROLLBACK_AFTER_RESET);
+            probe!(ROLLBACK_AFTER_RESET);
         }
-        let _ = current;
         raced.get()
     }
 

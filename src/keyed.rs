@@ -483,8 +483,7 @@ where
                 Ok(decision) => return decision,
                 // Evicted under our feet: the key is absent now; look again.
                 Err(Gone::Dead) => {
-                    #[cfg(turnstile_loom)]
-                    crate::probe::hit(&crate::probe::UPDATE_MET_TOMBSTONE);
+                    probe!(UPDATE_MET_TOMBSTONE);
                 }
                 // Frozen by a migration: look again, and the lookup finds
                 // the bucket in the successor (copying it there if needed).
@@ -578,19 +577,16 @@ where
             }
             // No room. Our own mark ends first: the wait is for others'.
             drop(inserting);
-            let _waited = map.wait_for_inserts(hash);
-            #[cfg(turnstile_loom)]
-            if _waited {
-                crate::probe::hit(&crate::probe::NO_ROOM_WAITED_FOR_INSERT);
+            let waited = map.wait_for_inserts(hash);
+            if waited {
+                probe!(NO_ROOM_WAITED_FOR_INSERT);
             }
             if let Some(slot) = map.find(hash, key) {
-                #[cfg(turnstile_loom)]
-                crate::probe::hit(&crate::probe::NO_ROOM_FOUND_KEY);
+                probe!(NO_ROOM_FOUND_KEY);
                 return Admitted::Found(slot);
             }
             if self.overflow == OverflowPolicy::EvictFullest {
-                #[cfg(turnstile_loom)]
-                crate::probe::hit(&crate::probe::EVICTION_LOST);
+                probe!(EVICTION_LOST);
                 // The victim was taken by another evictor: let it finish
                 // before sampling again.
                 crate::sync::yield_now();

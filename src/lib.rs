@@ -85,6 +85,15 @@ compile_error!(
     "unit tests do not build under --cfg turnstile_loom: scripts/loom.sh runs the loom models"
 );
 
+/// Counts a rare interleaving for the loom models (`crate::probe`); empty
+/// in every other build. Defined before the modules that use it.
+macro_rules! probe {
+    ($name:ident) => {{
+        #[cfg(turnstile_loom)]
+        crate::probe::hit(&crate::probe::$name);
+    }};
+}
+
 pub mod algorithms;
 mod cell;
 pub mod clock;

@@ -116,8 +116,7 @@ impl<A: Sealed> Live<A> {
             }
             // Two changes landed during this read: the slot is being (or
             // was) rewritten. `current` has moved on; read again.
-            #[cfg(turnstile_loom)]
-            crate::probe::hit(&crate::probe::QUOTA_READ_RETRIED);
+            probe!(QUOTA_READ_RETRIED);
             crate::sync::spin_loop();
         }
     }

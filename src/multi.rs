@@ -270,8 +270,7 @@ static RACED_ROLLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::Atomic
 fn count_raced_rollback() {
     #[cfg(test)]
     RACED_ROLLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    #[cfg(turnstile_loom)]
-    crate::probe::hit(&crate::probe::MULTI_ROLLBACK_RACED);
+    probe!(MULTI_ROLLBACK_RACED);
 }
 
 /// The denial with the longest wait among limit `denier`'s and the peeks

@@ -77,9 +77,8 @@ impl Resets {
         fence(Ordering::Acquire);
         let after = self.word.load(Ordering::Relaxed);
         let same = !resetting(before) && generation(before) == generation(after);
-        #[cfg(turnstile_loom)]
         if !same {
-            crate::probe::hit(&crate::probe::CHARGE_OVERLAPPED_RESET);
+            probe!(CHARGE_OVERLAPPED_RESET);
         }
         (charged, same.then_some(generation(before)))
     }
@@ -125,8 +124,7 @@ impl Resets {
             }
         }
         while self.word.load(Ordering::Acquire) & IN_FLIGHT != 0 {
-            #[cfg(turnstile_loom)]
-            crate::probe::hit(&crate::probe::RESET_WAITED_FOR_ROLLBACK);
+            probe!(RESET_WAITED_FOR_ROLLBACK);
             wait_briefly(&mut waited);
         }
         fence(Ordering::Release);

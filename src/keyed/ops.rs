@@ -428,13 +428,11 @@ where
             // clock no later than this.
             algorithm.rolled_back(tat, charge, clock.now(), n)
         });
-        #[cfg(turnstile_loom)]
         match rolled {
-            Err(Gone::Dead) => crate::probe::hit(&crate::probe::ROLLBACK_FOUND_BUCKET_DEAD),
-            Err(Gone::Moved) => crate::probe::hit(&crate::probe::ROLLBACK_FOUND_BUCKET_MOVED),
+            Err(Gone::Dead) => probe!(ROLLBACK_FOUND_BUCKET_DEAD),
+            Err(Gone::Moved) => probe!(ROLLBACK_FOUND_BUCKET_MOVED),
             Ok(_) => {}
         }
-        let _ = rolled;
         raced.get()
     }
 }

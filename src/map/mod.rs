@@ -216,8 +216,7 @@ impl<K: Hash + Eq> Pinned<'_, K> {
     /// slots for idle keys and compact the table if it has become sparse.
     /// Returns how many keys the sweep evicted.
     pub(crate) fn maintain(&self, budget: usize, idle: &impl Idle) -> usize {
-        #[cfg(turnstile_loom)]
-        crate::probe::hit(&crate::probe::HOUSEKEEPING_RAN);
+        probe!(HOUSEKEEPING_RAN);
         let chunks = budget.div_ceil(raw::MIGRATION_CHUNK);
         match self.raw.help_migrate(chunks, idle, &self.guard) {
             Some(evicted) => evicted,

@@ -231,8 +231,7 @@ impl Domain {
                 let batch = batches.swap_remove(index);
                 self.free(batch.items);
             } else {
-                #[cfg(turnstile_loom)]
-                crate::probe::hit(&crate::probe::RECLAIM_WAITED_FOR_READER);
+                probe!(RECLAIM_WAITED_FOR_READER);
                 index += 1;
             }
         }
@@ -307,8 +306,7 @@ impl Domain {
             // Relaxed: `pending` guards no data; it only tells a look
             // whether reclaiming is worth a try.
             self.pending.fetch_sub(1, Ordering::Relaxed);
-            #[cfg(turnstile_loom)]
-            crate::probe::hit(&crate::probe::RECLAIM_FREED);
+            probe!(RECLAIM_FREED);
             // SAFETY: `free` is the function `retire` paired with `ptr`.
             unsafe { (retired.free)(retired.ptr) };
         }

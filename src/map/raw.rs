@@ -375,9 +375,8 @@ impl<K> Table<K> {
     fn reserve_slot(&self) -> bool {
         let before = self.counters.occupied.fetch_add(1, Ordering::Release);
         if before & CLOSED != 0 || before >= fill_limit(self.capacity()) {
-            #[cfg(turnstile_loom)]
             if before & CLOSED != 0 {
-                crate::probe::hit(&crate::probe::CLOSED_TABLE_REFUSED_INSERT);
+                probe!(CLOSED_TABLE_REFUSED_INSERT);
             }
             self.release_slot();
             return false;
@@ -754,8 +753,7 @@ impl<K: Hash + Eq> RawMap<K> {
                             // it: look at it again.
                             let next = self.successor(table, idle, guard);
                             if slot.cell.freeze_empty() {
-                                #[cfg(turnstile_loom)]
-                                crate::probe::hit(&crate::probe::INSERT_FROZE_EMPTY_SLOT);
+                                probe!(INSERT_FROZE_EMPTY_SLOT);
                                 table = next;
                                 continue 'tables;
                             }
@@ -774,14 +772,12 @@ impl<K: Hash + Eq> RawMap<K> {
                         // Someone filled or froze the slot first: give the
                         // reservation back and look at the slot again.
                         t.release_slot();
-                        #[cfg(turnstile_loom)]
-                        crate::probe::hit(&crate::probe::INSERT_LOST_SLOT);
+                        probe!(INSERT_LOST_SLOT);
                         continue;
                     }
                     // It may be our key: wait for it to be published.
                     (Seen::Busy, _) => {
-                        #[cfg(turnstile_loom)]
-                        crate::probe::hit(&crate::probe::INSERT_WAITED_FOR_BUSY_SLOT);
+                        probe!(INSERT_WAITED_FOR_BUSY_SLOT);
                         wait_briefly(&mut waited);
                         continue;
                     }
@@ -823,8 +819,7 @@ impl<K: Hash + Eq> RawMap<K> {
                 // through the pin, which waits for `guard`'s.
                 if let Some(next) = unsafe { next.as_ref() } {
                     if self.move_bucket(slot, next, state, hash) == Move::CopiedHere {
-                        #[cfg(turnstile_loom)]
-                        crate::probe::hit(&crate::probe::COPIED_BY_READER);
+                        probe!(COPIED_BY_READER);
                     }
                 }
             }
@@ -848,13 +843,11 @@ impl<K: Hash + Eq> RawMap<K> {
             // Another thread won the copy, or buried the bucket.
             return match Self::wait_for_copy(slot) {
                 Seen::Copied => {
-                    #[cfg(turnstile_loom)]
-                    crate::probe::hit(&crate::probe::COPY_WON_BY_ANOTHER);
+                    probe!(COPY_WON_BY_ANOTHER);
                     Move::CopiedByAnother
                 }
                 _ => {
-                    #[cfg(turnstile_loom)]
-                    crate::probe::hit(&crate::probe::COPY_FOUND_BURIED);
+                    probe!(COPY_FOUND_BURIED);
                     Move::Lost
                 }
             };
@@ -883,8 +876,7 @@ impl<K: Hash + Eq> RawMap<K> {
         loop {
             match Seen::of(slot.cell.word()).0 {
                 Seen::Copying => {
-                    #[cfg(turnstile_loom)]
-                    crate::probe::hit(&crate::probe::WAITED_FOR_COPY);
+                    probe!(WAITED_FOR_COPY);
                     wait_briefly(&mut waited);
                 }
                 seen => return seen,
@@ -907,15 +899,13 @@ impl<K: Hash + Eq> RawMap<K> {
                 (Seen::Live(state), true) => {
                     if slot.cell.kill_frozen(state) {
                         self.len.fetch_sub(1, Ordering::Relaxed);
-                        #[cfg(turnstile_loom)]
-                        crate::probe::hit(&crate::probe::PANICKED_CHUNK_BURIED);
+                        probe!(PANICKED_CHUNK_BURIED);
                         return;
                     }
                     // A reader won the copy first: look again.
                 }
                 (Seen::Copying, _) => {
-                    #[cfg(turnstile_loom)]
-                    crate::probe::hit(&crate::probe::PANICKED_CHUNK_WAITED_FOR_COPY);
+                    probe!(PANICKED_CHUNK_WAITED_FOR_COPY);
                     Self::wait_for_copy(slot);
                     return;
                 }
@@ -956,8 +946,7 @@ impl<K: Hash + Eq> RawMap<K> {
                 if self.migrate_chunk(root, r_next, idle, guard).is_none() {
                     // Every chunk is claimed; wait for their claimers (see
                     // "Progress" in `crate::keyed`).
-                    #[cfg(turnstile_loom)]
-                    crate::probe::hit(&crate::probe::WAITED_FOR_CLAIMED_CHUNKS);
+                    probe!(WAITED_FOR_CLAIMED_CHUNKS);
                     crate::sync::yield_now();
                 }
                 continue;
@@ -996,11 +985,9 @@ impl<K: Hash + Eq> RawMap<K> {
             guard,
         ) {
             Ok(next) => {
-                #[cfg(turnstile_loom)]
                 if !closed_here {
-                    crate::probe::hit(&crate::probe::SUCCESSOR_INSTALLED_BY_HELPER);
+                    probe!(SUCCESSOR_INSTALLED_BY_HELPER);
                 }
-                let _ = closed_here;
                 next
             }
             Err(lost) => lost.current,
@@ -1047,9 +1034,8 @@ impl<K: Hash + Eq> RawMap<K> {
                 None => {
                     // Every chunk was claimed already: this caller waits
                     // for the claimers if it must (see `finish_migration`).
-                    #[cfg(turnstile_loom)]
                     if copied == 0 {
-                        crate::probe::hit(&crate::probe::WAITED_FOR_CLAIMED_CHUNKS);
+                        probe!(WAITED_FOR_CLAIMED_CHUNKS);
                     }
                     let _ = copied;
                     break;
@@ -1102,7 +1088,7 @@ impl<K: Hash + Eq> RawMap<K> {
             if !copiers.contains(&me) {
                 copiers.push(me);
                 if copiers.len() == 2 {
-                    crate::probe::hit(&crate::probe::CHUNKS_COPIED_BY_TWO_THREADS);
+                    probe!(CHUNKS_COPIED_BY_TWO_THREADS);
                 }
             }
         }
@@ -1131,9 +1117,8 @@ impl<K: Hash + Eq> RawMap<K> {
             // was held, so `occupied` cannot wrap into its CLOSED bit.
             let copied = n.counters.copied.load(Ordering::Relaxed);
             let unused = n.reserved_for_copies.saturating_sub(copied);
-            #[cfg(turnstile_loom)]
             if copied > 0 && n.occupied() > n.reserved_for_copies {
-                crate::probe::hit(&crate::probe::SUCCESSOR_TOOK_COPIES_AND_INSERTS);
+                probe!(SUCCESSOR_TOOK_COPIES_AND_INSERTS);
             }
             n.counters.occupied.fetch_sub(unused, Ordering::Relaxed);
             // Every slot is frozen and its bucket copied or left behind: the
@@ -1148,7 +1133,7 @@ impl<K: Hash + Eq> RawMap<K> {
             if swung.is_ok() {
                 #[cfg(turnstile_loom)]
                 if t.copiers.lock().unwrap().first() != Some(&loom::thread::current().id()) {
-                    crate::probe::hit(&crate::probe::ROOT_SWUNG_BY_HELPER);
+                    probe!(ROOT_SWUNG_BY_HELPER);
                 }
                 // SAFETY: the table is unreachable from the root now, so
                 // no pin that starts later can load it; threads that loaded
@@ -1157,8 +1142,7 @@ impl<K: Hash + Eq> RawMap<K> {
                 // (dead ones); copied keys are the successor's, and every
                 // map's `K` is `Send`.
                 unsafe { super::pin::retire(table.as_raw().cast_mut()) };
-                #[cfg(turnstile_loom)]
-                crate::probe::hit(&crate::probe::TABLE_RETIRED);
+                probe!(TABLE_RETIRED);
             }
         }
         if let Some(panic) = panicked {
@@ -1197,8 +1181,7 @@ impl<K: Hash + Eq> RawMap<K> {
         if start > 0 {
             // Another thread started this migration and copies its first
             // chunks with its own idle test: wait for them to land.
-            #[cfg(turnstile_loom)]
-            crate::probe::hit(&crate::probe::EVICTION_WAITED_FOR_EARLIER_CHUNKS);
+            probe!(EVICTION_WAITED_FOR_EARLIER_CHUNKS);
             // Acquire: their copies are in the successor before the sweep.
             while t.counters.migrated.load(Ordering::Acquire) < start {
                 crate::sync::yield_now();
@@ -1235,8 +1218,7 @@ impl<K: Hash + Eq> RawMap<K> {
                     }
                 }
                 (Seen::Busy, _) => {
-                    #[cfg(turnstile_loom)]
-                    crate::probe::hit(&crate::probe::MIGRATION_WAITED_FOR_INSERT);
+                    probe!(MIGRATION_WAITED_FOR_INSERT);
                     wait_briefly(&mut waited);
                 }
                 (Seen::Live(state), false) => {
@@ -1388,8 +1370,7 @@ impl<K: Hash + Eq> RawMap<K> {
         // SAFETY: the word was live when read: the key is published, and
         // `guard` keeps the table alive.
         if unsafe { slot.key_is(key) } {
-            #[cfg(turnstile_loom)]
-            crate::probe::hit(&crate::probe::EVICTION_SPARED_OWN_KEY);
+            probe!(EVICTION_SPARED_OWN_KEY);
             return Evicted::OwnKey(slot);
         }
         // Lost to an update or another evictor: the caller samples again.
@@ -1469,8 +1450,7 @@ impl<K> Table<K> {
                 // A BUSY slot may hold any key, and its insert publishes it
                 // within a few steps: wait for it.
                 (Seen::Busy, _) => {
-                    #[cfg(turnstile_loom)]
-                    crate::probe::hit(&crate::probe::COPY_WAITED_FOR_BUSY_SLOT);
+                    probe!(COPY_WAITED_FOR_BUSY_SLOT);
                     wait_briefly(&mut waited);
                     continue;
                 }
