@@ -313,7 +313,7 @@ where
 
     /// Keys currently tracked (live buckets; idle ones count until evicted).
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.map.held()
     }
 
     /// Whether no key is tracked.
@@ -334,7 +334,7 @@ where
         let now = self.clock.now();
         let algorithm = self.algorithm.load();
         let idle = |state| algorithm.is_idle(state, now);
-        let evicted = self.map.pin().evict_all_idle(&idle);
+        let evicted = self.map.pin().evict_all(&idle);
         self.counters.add(Event::IdleEvictions, evicted as u64);
         evicted
     }

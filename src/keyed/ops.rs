@@ -129,7 +129,7 @@ where
     /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
     pub fn clear(&self) -> usize {
-        let removed = self.map.pin().evict_all_idle(&|_| true);
+        let removed = self.map.pin().evict_all(&|_| true);
         self.counters.add(Event::Resets, removed as u64);
         removed
     }

@@ -2,8 +2,9 @@
 //!
 //! The core's methods are sound only under a pin of the current thread
 //! (see [`pin`]: a retired table is freed only once every pin that may
-//! hold it has ended); the front makes that the only way to call them:
-//! [`Map::pin`] returns a [`Pinned`] view that carries both.
+//! hold it has ended), and each takes the pin's guard, which only
+//! `pin::pin` makes. The front carries both: [`Map::pin`] returns a
+//! [`Pinned`] view of the map and its guard.
 
 mod inflight;
 mod pin;
@@ -51,9 +52,10 @@ impl<K: Send + 'static> Map<K> {
 }
 
 impl<K> Map<K> {
-    /// Live keys.
-    pub(crate) fn len(&self) -> usize {
-        self.raw.len()
+    /// Keys held: every bucket not dead, idle ones included until a
+    /// sweep, a migration or an eviction takes them out.
+    pub(crate) fn held(&self) -> usize {
+        self.raw.held()
     }
 
     /// Pins the current thread, for this map.
@@ -96,7 +98,7 @@ fn new_hasher() -> ahash::RandomState {
 impl<K> fmt::Debug for Map<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Map")
-            .field("len", &self.len())
+            .field("held", &self.held())
             .field("capacity", &self.pin().capacity())
             .finish_non_exhaustive()
     }
@@ -228,21 +230,22 @@ impl<K: Hash + Eq> Pinned<'_, K> {
         }
     }
 
-    /// Evicts every idle key now and finishes any migration, returning the
-    /// number evicted. Every bucket live and idle when it starts, and not
+    /// Evicts every bucket whose state `which` accepts (idle ones for
+    /// `evict_idle`, all for `clear`) and finishes any migration, returning
+    /// the number evicted. Every bucket accepted when it starts, and not
     /// updated meanwhile, is gone when it returns, however inserts and
     /// migrations race it (see `RawMap::evict_idle_migrating`).
-    pub(crate) fn evict_all_idle(&self, idle: &impl Idle) -> usize {
+    pub(crate) fn evict_all(&self, which: &impl Idle) -> usize {
         let mut evicted = 0;
         loop {
-            evicted += self.finish_migration(idle);
-            if let Some(n) = self.raw.evict_idle_migrating(idle, &self.guard) {
+            evicted += self.finish_migration(which);
+            if let Some(n) = self.raw.evict_idle_migrating(which, &self.guard) {
                 evicted += n;
                 break;
             }
         }
         self.raw.compact_if_sparse(&self.guard);
-        evicted += self.finish_migration(idle);
+        evicted += self.finish_migration(which);
         evicted
     }
 
@@ -293,7 +296,7 @@ mod tests {
             assert!(pinned.find(map.hash(key.as_str()), key.as_str()).is_some());
         }
         assert!(pinned.find(map.hash("absent"), "absent").is_none());
-        assert_eq!(map.len(), 40);
+        assert_eq!(map.held(), 40);
         // Grown: a table is at most four fifths full.
         assert!(pinned.capacity() >= 40 * 5 / 4);
     }
@@ -312,9 +315,9 @@ mod tests {
             assert!(slot.cell.update(&gcra, 0, 1).unwrap().is_allowed());
         }
         let idle = |state: u64| state == 0;
-        let evicted = map.pin().evict_all_idle(&idle);
+        let evicted = map.pin().evict_all(&idle);
         assert_eq!(evicted, 29);
-        assert_eq!(map.len(), 1);
+        assert_eq!(map.held(), 1);
         let pinned = map.pin();
         assert!(pinned.find(map.hash("k3"), "k3").is_none());
         let kept = pinned.find(map.hash("k7"), "k7").unwrap();
@@ -343,9 +346,9 @@ mod tests {
         );
         assert!(pinned.find(map.hash("a"), "a").is_some());
         // The evicted key's place is the caller's reservation now.
-        assert_eq!(map.len(), 2);
+        assert_eq!(map.held(), 2);
         pinned.unreserve();
-        assert_eq!(map.len(), 1);
+        assert_eq!(map.held(), 1);
     }
 
     #[test]
@@ -381,7 +384,7 @@ mod tests {
                 });
             }
         });
-        assert_eq!(map.len(), 5);
+        assert_eq!(map.held(), 5);
         let pinned = map.pin();
         for i in 0..5 {
             let key = format!("k{i}");

@@ -1,0 +1,557 @@
+//! Migration: how a table grows, shrinks and sheds its dead slots.
+//!
+//! When a table is full to its [`fill_limit`] (or a quarter of it is dead,
+//! or it is four times larger than its live keys need), a successor sized
+//! for the live keys is
+//! installed in `next`. From then on new keys go to the successor, and
+//! callers copy the old table a chunk at a time: each chunk is claimed by
+//! one thread (a `fetch_add` on a cursor), which evicts idle buckets,
+//! freezes every slot and copies the live ones. The thread that finishes
+//! the last chunk swings the root to the successor and retires the old
+//! table (`crate::map::pin::retire`). A successor migrates only after it has become
+//! the root, so there are at most two tables at a time.
+//!
+//! # Sizing a successor
+//!
+//! A migration must never have more live buckets to place than its
+//! successor has slots (it would probe forever), so the successor is sized
+//! from a count that bounds them. Starting a migration first *closes* the
+//! table (a bit in `occupied`), then reads `len`, then allocates and
+//! installs. Every insert reserves its key in `len` (or takes over an
+//! evicted key's place there) *before* it reserves a slot in `occupied`,
+//! and a closed table refuses reservations. So an insert that can still
+//! land in the old table reserved its slot before the close, and the close
+//! (Acquire) synchronises with that reservation (Release): the `len` read
+//! after the close counts it. Buckets that die meanwhile are not copied.
+//! Hence the buckets copied are at most `len` as read, and the successor
+//! is made with that many slots already reserved in its `occupied`
+//! (`reserved_for_copies`): direct inserts into it stop at its
+//! [`fill_limit`] counting the copies still to come, so copies and inserts
+//! together never fill more than that. When the last chunk is migrated,
+//! the reservations that no copy used are given back. Any thread that finds a table closed
+//! but without a successor computes one the same way and races to install
+//! it, so a starter that is descheduled between the close and the install
+//! blocks no one.
+//!
+
+use std::hash::Hash;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+
+use crossbeam_epoch::{Owned, Shared};
+
+use super::chain::Chain;
+use super::evict::Idle;
+use super::slot::Slot;
+use super::table::{capacity_for, Table, MIN_CAPACITY};
+use super::RawMap;
+use crate::cell::Seen;
+use crate::map::pin::Guard;
+use crate::sync::{wait_briefly, Ordering};
+
+/// Slots a caller copies per migration step: small enough to keep one
+/// insert's extra latency to a few microseconds, large enough that a table
+/// of a million slots is copied after ~16k steps. One under loom, so that
+/// the models' small tables have several chunks to hand out and race over.
+pub(crate) const MIGRATION_CHUNK: usize = if cfg!(turnstile_loom) { 1 } else { 64 };
+
+/// What migrating one slot did.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Moved {
+    /// The slot was empty.
+    Empty,
+    /// A live bucket, now in the successor.
+    Copied,
+    /// An idle bucket, evicted and left behind.
+    Evicted,
+    /// A dead bucket, left behind.
+    Dropped,
+}
+
+/// How `move_bucket` left a frozen live bucket.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Move {
+    /// In the successor, copied by this thread.
+    CopiedHere,
+    /// In the successor, copied by another thread (this one waited).
+    CopiedByAnother,
+    /// Lost: the copy was abandoned because the successor had no room,
+    /// which its sizing rules out.
+    Lost,
+}
+
+impl<K> RawMap<K> {
+    /// The capacity of a successor for `live` keys: [`capacity_for`]'s, at
+    /// most the largest table unless `live` needs more.
+    pub(super) fn successor_capacity(&self, live: usize) -> usize {
+        capacity_for(live).min(self.largest.max(live.saturating_add(live / 2)))
+    }
+}
+
+impl<K: Hash + Eq> RawMap<K> {
+    /// Sees the frozen bucket in `slot` (of `table`, whose key hashes to
+    /// `hash`) into the successor: copies it there if no thread has started
+    /// to, or waits for the thread that has. Any thread may call it: what a
+    /// check that met its bucket frozen does before it looks again.
+    #[cold]
+    pub(super) fn copy_frozen(&self, table: &Table<K>, slot: &Slot<K>, hash: u64, guard: &Guard) {
+        match Seen::of(slot.cell.word()) {
+            (Seen::Live(state), true) => {
+                // A live slot is frozen only by a migration's chunk, after
+                // the successor is installed, and `next` is never reset.
+                let next = table.next.load(Ordering::Acquire, guard);
+                debug_assert!(
+                    !next.is_null(),
+                    "a frozen bucket in a table with no successor"
+                );
+                // SAFETY: checked non-null; the successor is retired only
+                // through the pin, which waits for `guard`'s.
+                if let Some(next) = unsafe { next.as_ref() } {
+                    if self.move_bucket(slot, next, state, hash) == Move::CopiedHere {
+                        probe!(COPIED_BY_READER);
+                    }
+                }
+            }
+            (Seen::Copying, _) => {
+                Self::wait_for_copy(slot);
+            }
+            // Copied or buried since the caller looked.
+            _ => {}
+        }
+    }
+
+    /// Moves the frozen live bucket in `slot` (state `state`, key hash
+    /// `hash`) to `next`, if this thread wins the right to: one CAS to
+    /// COPYING decides the one copier before anything is published, so a
+    /// key never has two owners and no second copy is ever placed, however
+    /// its `Eq` behaves. The winner places the copy and marks the slot
+    /// COPIED, with no code of the key's in between; a loser waits for that
+    /// mark. Returns how the move ended, as this thread saw it.
+    pub(super) fn move_bucket(
+        &self,
+        slot: &Slot<K>,
+        next: &Table<K>,
+        state: u64,
+        hash: u64,
+    ) -> Move {
+        if !slot.cell.start_copy(state) {
+            // Another thread won the copy, or buried the bucket.
+            return match Self::wait_for_copy(slot) {
+                Seen::Copied => {
+                    probe!(COPY_WON_BY_ANOTHER);
+                    Move::CopiedByAnother
+                }
+                _ => {
+                    probe!(COPY_FOUND_BURIED);
+                    Move::Lost
+                }
+            };
+        }
+        // SAFETY: the word was live before this thread froze or won it: the
+        // key is published; the caller's guard keeps both tables alive.
+        if unsafe { next.place_copy(slot, state, hash) } {
+            slot.cell.finish_copy();
+            Move::CopiedHere
+        } else {
+            // No room: impossible by the sizing argument, but a lost bucket
+            // is a better failure than a hang. Settled before the assertion,
+            // so that a debug build's panic leaves no slot COPYING.
+            slot.cell.abandon_copy();
+            self.len.fetch_sub(1, Ordering::Relaxed);
+            debug_assert!(false, "a copy found its successor full");
+            Move::Lost
+        }
+    }
+
+    /// Waits while another thread copies the bucket in `slot` (a few steps
+    /// with no code of the key's: see `move_bucket`); returns what the slot
+    /// holds after the copy (COPIED, or dead if the copy was abandoned).
+    pub(super) fn wait_for_copy(slot: &Slot<K>) -> Seen {
+        let mut waited = 0;
+        loop {
+            match Seen::of(slot.cell.word()).0 {
+                Seen::Copying => {
+                    probe!(WAITED_FOR_COPY);
+                    wait_briefly(&mut waited);
+                }
+                seen => return seen,
+            }
+        }
+    }
+
+    /// Settles a slot whose key's `Hash` panicked while this thread's
+    /// migration chunk held it frozen, so that the chunk can count as
+    /// migrated: buries the bucket (it is lost, as if evicted), unless a
+    /// reader won its copy first, in which case waits for the copy to land
+    /// as `move_bucket`'s losers do. A chunk never counts while one of its
+    /// slots is COPYING: the root could otherwise swing before the copy
+    /// lands, and a check on the new root insert a second bucket for the
+    /// key beside it.
+    #[cold]
+    pub(super) fn settle_panicked(&self, slot: &Slot<K>) {
+        loop {
+            match Seen::of(slot.cell.word()) {
+                (Seen::Live(state), true) => {
+                    if slot.cell.kill_frozen(state) {
+                        self.len.fetch_sub(1, Ordering::Relaxed);
+                        probe!(PANICKED_CHUNK_BURIED);
+                        return;
+                    }
+                    // A reader won the copy first: look again.
+                }
+                (Seen::Copying, _) => {
+                    probe!(PANICKED_CHUNK_WAITED_FOR_COPY);
+                    Self::wait_for_copy(slot);
+                    return;
+                }
+                // Copied, dead or empty: settled.
+                _ => return,
+            }
+        }
+    }
+
+    /// The table to go on to from `table`, where a key is absent and cannot
+    /// be inserted: its successor, created if needed. Helps the migration
+    /// along, so that inserting can never outrun copying.
+    pub(super) fn successor<'g>(
+        &self,
+        table: Shared<'g, Table<K>>,
+        idle: &impl Idle,
+        guard: &'g Guard,
+    ) -> Shared<'g, Table<K>> {
+        loop {
+            // SAFETY: as in `find`.
+            let t = unsafe { table.deref() };
+            let next = t.next.load(Ordering::Acquire, guard);
+            if !next.is_null() {
+                let _ = self.migrate_chunk(table, next, idle, guard);
+                return next;
+            }
+            let root = self.root.load(Ordering::Acquire, guard);
+            if root != table {
+                // `table` is the successor of a migration still under way:
+                // finish that first, so there are never three tables.
+                // SAFETY: as in `find`.
+                let r = unsafe { root.deref() };
+                let r_next = r.next.load(Ordering::Acquire, guard);
+                if r_next.is_null() {
+                    // The root moved on past `table` already; start over there.
+                    return root;
+                }
+                if self.migrate_chunk(root, r_next, idle, guard).is_none() {
+                    // Every chunk is claimed; wait for their claimers (see
+                    // "Progress" in `crate::keyed`).
+                    probe!(WAITED_FOR_CLAIMED_CHUNKS);
+                    crate::sync::yield_now();
+                }
+                continue;
+            }
+            // Whoever starts a migration copies its first chunk.
+            let next = self.start_migration(table, guard);
+            let _ = self.migrate_chunk(table, next, idle, guard);
+            return next;
+        }
+    }
+    /// Installs a successor for the root `table`, sized for the live keys;
+    /// any thread may call it, and all get the one successor that won.
+    pub(super) fn start_migration<'g>(
+        &self,
+        table: Shared<'g, Table<K>>,
+        guard: &'g Guard,
+    ) -> Shared<'g, Table<K>> {
+        // SAFETY: as in `find`.
+        let t = unsafe { table.deref() };
+        // Close first, count second: every insert that can still land in
+        // `table` is counted in `len` now (see "Sizing a successor").
+        let closed_here = t.close();
+        let current = t.next.load(Ordering::Acquire, guard);
+        if !current.is_null() {
+            return current;
+        }
+        let live = self.len.load(Ordering::Relaxed);
+        let next = Owned::new(Table::new(self.successor_capacity(live), live));
+        // AcqRel: publishes the new table's fields; Acquire on failure to
+        // read the winner's. A loser's table is dropped unpublished.
+        match t.next.compare_exchange(
+            Shared::null(),
+            next,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+            guard,
+        ) {
+            Ok(next) => {
+                if !closed_here {
+                    probe!(SUCCESSOR_INSTALLED_BY_HELPER);
+                }
+                next
+            }
+            Err(lost) => lost.current,
+        }
+    }
+
+    /// Starts a migration of the root if a quarter of it is dead weight
+    /// (dead buckets) or it is four times larger than the live keys need, so
+    /// memory follows the live keys down as well as up.
+    pub(crate) fn compact_if_sparse(&self, guard: &Guard) {
+        let root = self.root.load(Ordering::Acquire, guard);
+        // SAFETY: as in `find`.
+        let t = unsafe { root.deref() };
+        let live = self.held();
+        let dead = t.occupied().saturating_sub(live);
+        let oversized = self.successor_capacity(live) <= t.capacity() / 4;
+        if t.capacity() > MIN_CAPACITY
+            && (dead >= t.capacity() / 4 || oversized)
+            && t.next.load(Ordering::Acquire, guard).is_null()
+        {
+            self.start_migration(root, guard);
+        }
+    }
+
+    /// Copies up to `chunks` chunks of a migration under way, if there is
+    /// one, and returns how many idle keys it evicted on the way; `None` when
+    /// no migration was under way.
+    pub(crate) fn help_migrate(
+        &self,
+        chunks: usize,
+        idle: &impl Idle,
+        guard: &Guard,
+    ) -> Option<usize> {
+        let root = self.root.load(Ordering::Acquire, guard);
+        // SAFETY: as in `find`.
+        let next = unsafe { root.deref() }.next.load(Ordering::Acquire, guard);
+        if next.is_null() {
+            return None;
+        }
+        let mut evicted = 0;
+        for copied in 0..chunks {
+            match self.migrate_chunk(root, next, idle, guard) {
+                Some(n) => evicted += n,
+                None => {
+                    // Every chunk was claimed already: this caller waits
+                    // for the claimers if it must (see `finish_migration`).
+                    if copied == 0 {
+                        probe!(WAITED_FOR_CLAIMED_CHUNKS);
+                    }
+                    let _ = copied;
+                    break;
+                }
+            }
+        }
+        Some(evicted)
+    }
+
+    /// Claims and copies one chunk of `table` into `next`, returning how
+    /// many idle keys it evicted; `None` when nothing was left to claim.
+    pub(super) fn migrate_chunk(
+        &self,
+        table: Shared<'_, Table<K>>,
+        next: Shared<'_, Table<K>>,
+        idle: &impl Idle,
+        guard: &Guard,
+    ) -> Option<usize> {
+        // SAFETY: as in `find`.
+        let t = unsafe { table.deref() };
+        let start = t
+            .counters
+            .claimed
+            .fetch_add(MIGRATION_CHUNK, Ordering::Relaxed);
+        if start >= t.capacity() {
+            return None;
+        }
+        let end = (start + MIGRATION_CHUNK).min(t.capacity());
+        Some(self.migrate_range(table, next, start..end, idle, guard))
+    }
+
+    /// Migrates the slots `range` of `table` into `next` (this thread
+    /// claimed them), returning how many idle keys it evicted; the thread
+    /// that migrates the last slot swings the root and retires the table.
+    pub(super) fn migrate_range(
+        &self,
+        table: Shared<'_, Table<K>>,
+        next: Shared<'_, Table<K>>,
+        range: std::ops::Range<usize>,
+        idle: &impl Idle,
+        guard: &Guard,
+    ) -> usize {
+        // SAFETY: as in `find`.
+        let (t, n) = unsafe { (table.deref(), next.deref()) };
+        let (start, end) = (range.start, range.end);
+        #[cfg(turnstile_loom)]
+        {
+            let mut copiers = t.copiers.lock().unwrap();
+            let me = loom::thread::current().id();
+            if !copiers.contains(&me) {
+                copiers.push(me);
+                if copiers.len() == 2 {
+                    probe!(CHUNKS_COPIED_BY_TWO_THREADS);
+                }
+            }
+        }
+        let mut evicted = 0;
+        let mut panicked = None;
+        for slot in &t.slots[start..end] {
+            // A key's `Hash` or `Eq` may panic while its bucket is frozen:
+            // the bucket is lost (as if evicted), the chunk is finished so
+            // the migration can still end, and the panic goes on after.
+            let moved = catch_unwind(AssertUnwindSafe(|| self.migrate_slot(slot, n, idle)));
+            match moved {
+                Ok(Moved::Evicted) => evicted += 1,
+                Ok(_) => {}
+                Err(panic) => {
+                    self.settle_panicked(slot);
+                    panicked.get_or_insert(panic);
+                }
+            }
+        }
+        // AcqRel: the finisher must see every other chunk's copies before it
+        // retires the table.
+        let migrated = t.counters.migrated.fetch_add(end - start, Ordering::AcqRel) + (end - start);
+        if migrated == t.capacity() {
+            // Every copy has landed (AcqRel above): give back the room held
+            // for the buckets that died instead of moving. Never more than
+            // was held, so `occupied` cannot wrap into its CLOSED bit.
+            let copied = n.counters.copied.load(Ordering::Relaxed);
+            let unused = n.reserved_for_copies.saturating_sub(copied);
+            if copied > 0 && n.occupied() > n.reserved_for_copies {
+                probe!(SUCCESSOR_TOOK_COPIES_AND_INSERTS);
+            }
+            n.counters.occupied.fetch_sub(unused, Ordering::Relaxed);
+            // Every slot is frozen and its bucket copied or left behind: the
+            // successor holds every live bucket. Release: publishes it.
+            let swung =
+                self.root
+                    .compare_exchange(table, next, Ordering::AcqRel, Ordering::Acquire, guard);
+            // A successor is only ever installed on the root (see
+            // `start_migration`'s callers), so the swing succeeds; were it
+            // ever to fail, leaking the table beats freeing a live one.
+            debug_assert!(swung.is_ok(), "only the root is ever migrated");
+            if swung.is_ok() {
+                #[cfg(turnstile_loom)]
+                if t.copiers.lock().unwrap().first() != Some(&loom::thread::current().id()) {
+                    probe!(ROOT_SWUNG_BY_HELPER);
+                }
+                // SAFETY: the table is unreachable from the root now, so
+                // no pin that starts later can load it; threads that loaded
+                // it earlier are pinned, and it is freed only after they
+                // unpin (see `pin`). It drops only the keys it still owns
+                // (dead ones); copied keys are the successor's, and every
+                // map's `K` is `Send`.
+                unsafe { crate::map::pin::retire(table.as_raw().cast_mut()) };
+                probe!(TABLE_RETIRED);
+            }
+        }
+        if let Some(panic) = panicked {
+            resume_unwind(panic);
+        }
+        evicted
+    }
+
+    /// Evicts the bucket in `slot` if it is idle, freezes the slot and
+    /// copies a live bucket on (this thread owns the slot's migration: it
+    /// claimed the chunk).
+    pub(super) fn migrate_slot(&self, slot: &Slot<K>, next: &Table<K>, idle: &impl Idle) -> Moved {
+        let mut evicted = false;
+        let mut waited = 0;
+        // Only the claimer freezes a filled slot, so this loop ends once
+        // the inserts and updates racing it are done: an insert fills or
+        // freezes an EMPTY slot once, and publishes a BUSY one within a few
+        // instructions; each update that beats a CAS here is one more
+        // decision made on the old table, which the copy then carries.
+        let state = loop {
+            let word = slot.cell.word();
+            match Seen::of(word) {
+                // Frozen by an insert that moved on to the successor.
+                (Seen::Empty, true) => return Moved::Empty,
+                (Seen::Empty, false) => {
+                    if slot.cell.freeze(word) {
+                        return Moved::Empty;
+                    }
+                }
+                (Seen::Busy, _) => {
+                    probe!(MIGRATION_WAITED_FOR_INSERT);
+                    wait_briefly(&mut waited);
+                }
+                (Seen::Live(state), false) => {
+                    if idle.is_idle(state) {
+                        // Evicted before the freeze, by the same claim as a
+                        // sweep's: then left behind as dead.
+                        evicted |= self.claim_if_idle(slot, idle);
+                    } else if slot.cell.freeze(word) {
+                        break state;
+                    }
+                }
+                (Seen::Dead, false) => {
+                    if slot.cell.freeze(word) {
+                        return if evicted {
+                            Moved::Evicted
+                        } else {
+                            Moved::Dropped
+                        };
+                    }
+                }
+                (Seen::Live(_) | Seen::Copying | Seen::Copied | Seen::Dead, true) => {
+                    debug_assert!(false, "a filled slot frozen by another thread");
+                    return Moved::Dropped;
+                }
+                (Seen::Copied | Seen::Copying, false) => {
+                    unreachable!("COPIED and COPYING are frozen")
+                }
+            }
+        };
+        // SAFETY: the word was live: the key is published; `guard` (the
+        // caller's) keeps both tables alive.
+        let hash = unsafe { slot.hash_with(&self.hasher) };
+        // A reader that met the bucket frozen may have copied it already.
+        match self.move_bucket(slot, next, state, hash) {
+            Move::CopiedHere | Move::CopiedByAnother => Moved::Copied,
+            Move::Lost => Moved::Dropped,
+        }
+    }
+}
+
+impl<K> Table<K> {
+    /// Puts a copy of the frozen bucket in `from` (state `state`, key hash
+    /// `hash`) into the first free slot of its chain in this (not yet
+    /// migrating) table; false if there is none, which the sizing of
+    /// successors rules out. The caller won the right to copy it
+    /// (`Cell::start_copy`), so no other copy exists; and no other bucket
+    /// for the key can be here: an insert puts a key here only after
+    /// finding it absent or dead in the old table, where this bucket was
+    /// live. So the chain's keys need no comparing.
+    ///
+    /// Bounded: one pass over the table, each slot looked at again only
+    /// while another thread fills or publishes it.
+    ///
+    /// # Safety
+    /// `from` holds a published key (its word was live), and the caller's
+    /// guard keeps both tables alive.
+    pub(super) unsafe fn place_copy(&self, from: &Slot<K>, state: u64, hash: u64) -> bool {
+        let mut waited = 0;
+        for slot in Chain::new(self, hash) {
+            loop {
+                match Seen::of(slot.cell.word()) {
+                    (Seen::Empty, false) => {
+                        if slot.cell.claim_empty() {
+                            // SAFETY: this thread claimed the slot; `from`
+                            // is the caller's contract.
+                            unsafe { slot.copy_key(from) };
+                            slot.cell.publish(state);
+                            // Its slot was reserved in `occupied` when this
+                            // table was made (`reserved_for_copies`).
+                            self.counters.copied.fetch_add(1, Ordering::Relaxed);
+                            return true;
+                        }
+                    }
+                    (Seen::Empty, true) => return false,
+                    // A BUSY slot may hold any key, and its insert publishes
+                    // it within a few steps: wait for it.
+                    (Seen::Busy, _) => {
+                        probe!(COPY_WAITED_FOR_BUSY_SLOT);
+                        wait_briefly(&mut waited);
+                    }
+                    _ => break,
+                }
+            }
+        }
+        false
+    }
+}
