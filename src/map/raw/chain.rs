@@ -6,28 +6,52 @@
 use super::slot::Slot;
 use super::table::Table;
 
-/// The slots of a table from one index on, in probe order, each once.
+/// A walk over a table's slots in probe order, each slot at most once.
+///
+/// Lookups step it by hand ([`slot`](Chain::slot), then
+/// [`advance`](Chain::advance) past a slot that is not theirs), so a hit
+/// on the home slot computes no next index; scans use it as an iterator.
 pub(super) struct Chain<'t, K> {
     table: &'t Table<K>,
     index: usize,
+    /// Slots left to visit, the current one included.
     left: usize,
 }
 
 impl<'t, K> Chain<'t, K> {
-    /// The probe chain of the key hashing to `hash`.
+    /// The probe chain of the key hashing to `hash`: the whole table, from
+    /// the key's home.
     #[inline]
     pub(super) fn new(table: &'t Table<K>, hash: u64) -> Self {
-        Chain::from_index(table, table.home(hash))
+        Chain::stretch(table, table.home(hash), table.capacity())
     }
 
-    /// The slots from `index` on (`index` is below the capacity).
+    /// `len` slots (at most the table) from `index` (below the capacity).
     #[inline]
-    pub(super) fn from_index(table: &'t Table<K>, index: usize) -> Self {
+    pub(super) fn stretch(table: &'t Table<K>, index: usize, len: usize) -> Self {
         Chain {
             table,
             index,
-            left: table.capacity(),
+            left: len.min(table.capacity()),
         }
+    }
+
+    /// The slot the walk is at.
+    #[inline]
+    pub(super) fn slot(&self) -> &'t Slot<K> {
+        &self.table.slots[self.index]
+    }
+
+    /// Moves on to the next slot; false when the walk has visited every
+    /// slot it was made for.
+    #[inline]
+    pub(super) fn advance(&mut self) -> bool {
+        self.left -= 1;
+        if self.left == 0 {
+            return false;
+        }
+        self.index = self.table.after(self.index, 1);
+        true
     }
 }
 
@@ -39,8 +63,8 @@ impl<'t, K> Iterator for Chain<'t, K> {
         if self.left == 0 {
             return None;
         }
+        let slot = self.slot();
         self.left -= 1;
-        let slot = &self.table.slots[self.index];
         self.index = self.table.after(self.index, 1);
         Some(slot)
     }

@@ -115,8 +115,7 @@ impl<K: Hash + Eq> RawMap<K> {
         // SAFETY: as in `find`.
         let t = unsafe { root.deref() };
         let start = t.counters.sweep.fetch_add(budget, Ordering::Relaxed) % t.capacity();
-        Chain::from_index(t, start)
-            .take(budget)
+        Chain::stretch(t, start, budget)
             .filter(|slot| self.sweep_slot(slot, idle))
             .count()
     }
@@ -140,12 +139,15 @@ impl<K: Hash + Eq> RawMap<K> {
     /// never evict `key`: if the victim is `key`'s own bucket, the key is
     /// tracked after all and that bucket is returned instead.
     ///
-    /// The scan of each table is a window of [`EVICTION_LINES`] cache
-    /// lines' worth of slots from the key's home, doubled on each `attempt`
-    /// of the caller's, and goes past it only until two candidates are
-    /// found: the lines the key's own lookup has just read (it found the
-    /// key absent there), so choosing costs no new miss, and the key's
-    /// insert then probes the same lines.
+    /// The scan reads a window of [`EVICTION_LINES`] cache lines' worth of
+    /// slots from the key's home in each table, doubled on each `attempt`
+    /// of the caller's: the lines the key's own lookup has just read (it
+    /// found the key absent there), so choosing costs no new miss, and the
+    /// key's insert then probes the same lines. Only when the windows hold
+    /// fewer than two live buckets does it go on past them, until two are
+    /// found. (Going past the successor's window whenever it alone held
+    /// fewer than two made an eviction during a migration read hundreds of
+    /// slots of a successor still filling up.)
     ///
     /// On [`Evicted::Victim`] the evicted key's place in `len` passes to
     /// the caller, who holds it as a reservation: `len` does not change,
@@ -166,17 +168,19 @@ impl<K: Hash + Eq> RawMap<K> {
         let window = (EVICTION_LINES * slots_per_line::<K>())
             .checked_shl(attempt.min(32) as u32)
             .unwrap_or(usize::MAX);
-        let mut best: Option<(&Slot<K>, u64)> = None;
-        let mut seen = 0;
+        let mut candidates = Candidates {
+            best: None,
+            seen: 0,
+        };
         let root = self.root.load(Ordering::Acquire, guard);
         // SAFETY: as in `find`.
         let next = unsafe { root.deref() }.next.load(Ordering::Acquire, guard);
-        for table in [next, root] {
-            if table.is_null() || seen >= want {
-                continue;
+        // SAFETY: as in `find`; a null `next` (no migration) is `None`.
+        let tables = [next, root].map(|table| unsafe { table.as_ref() });
+        for t in tables.into_iter().flatten() {
+            if candidates.seen >= want {
+                break;
             }
-            // SAFETY: as in `find`.
-            let t = unsafe { table.deref() };
             // The window's lines are independent loads: ask for them all
             // at once, so their misses overlap instead of queueing.
             for slot in Chain::new(t, hash)
@@ -185,24 +189,25 @@ impl<K: Hash + Eq> RawMap<K> {
             {
                 prefetch(std::ptr::from_ref(slot).cast());
             }
-            for (offset, slot) in Chain::new(t, hash).enumerate() {
-                // Past the window only until two candidates are in hand.
-                if offset >= window && seen >= 2 {
-                    break;
-                }
-                let (Seen::Live(state), false) = Seen::of(slot.cell.word()) else {
-                    continue;
-                };
-                seen += 1;
-                if best.is_none_or(|(_, s)| state < s) {
-                    best = Some((slot, state));
-                }
-                if seen >= want {
+            for slot in Chain::new(t, hash).take(window) {
+                candidates.consider(slot);
+                if candidates.seen >= want {
                     break;
                 }
             }
         }
-        let Some((slot, state)) = best else {
+        // Fewer than two live buckets in the windows (a successor still
+        // filling up, a stretch of the root a migration has frozen): go on
+        // past them until two are in hand.
+        for t in tables.into_iter().flatten() {
+            for slot in Chain::new(t, hash).skip(window) {
+                if candidates.seen >= 2 {
+                    break;
+                }
+                candidates.consider(slot);
+            }
+        }
+        let Some((slot, state)) = candidates.best else {
             return Evicted::Nothing;
         };
         // SAFETY: the word was live when read: the key is published, and
@@ -216,6 +221,27 @@ impl<K: Hash + Eq> RawMap<K> {
             Evicted::Victim
         } else {
             Evicted::Nothing
+        }
+    }
+}
+
+/// The live buckets an eviction has looked at, and the fullest of them.
+struct Candidates<'t, K> {
+    /// The bucket with the smallest state, and that state.
+    best: Option<(&'t Slot<K>, u64)>,
+    seen: usize,
+}
+
+impl<'t, K> Candidates<'t, K> {
+    /// Counts `slot` if it holds a live, unfrozen bucket (frozen ones can
+    /// no longer be claimed), and keeps it if it is the fullest yet.
+    fn consider(&mut self, slot: &'t Slot<K>) {
+        let (Seen::Live(state), false) = Seen::of(slot.cell.word()) else {
+            return;
+        };
+        self.seen += 1;
+        if self.best.is_none_or(|(_, best)| state < best) {
+            self.best = Some((slot, state));
         }
     }
 }

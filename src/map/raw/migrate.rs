@@ -526,32 +526,36 @@ impl<K> Table<K> {
     /// guard keeps both tables alive.
     pub(super) unsafe fn place_copy(&self, from: &Slot<K>, state: u64, hash: u64) -> bool {
         let mut waited = 0;
-        for slot in Chain::new(self, hash) {
-            loop {
-                match Seen::of(slot.cell.word()) {
-                    (Seen::Empty, false) => {
-                        if slot.cell.claim_empty() {
-                            // SAFETY: this thread claimed the slot; `from`
-                            // is the caller's contract.
-                            unsafe { slot.copy_key(from) };
-                            slot.cell.publish(state);
-                            // Its slot was reserved in `occupied` when this
-                            // table was made (`reserved_for_copies`).
-                            self.counters.copied.fetch_add(1, Ordering::Relaxed);
-                            return true;
-                        }
+        let mut chain = Chain::new(self, hash);
+        loop {
+            let slot = chain.slot();
+            match Seen::of(slot.cell.word()) {
+                (Seen::Empty, false) => {
+                    if slot.cell.claim_empty() {
+                        // SAFETY: this thread claimed the slot; `from` is
+                        // the caller's contract.
+                        unsafe { slot.copy_key(from) };
+                        slot.cell.publish(state);
+                        // Its slot was reserved in `occupied` when this
+                        // table was made (`reserved_for_copies`).
+                        self.counters.copied.fetch_add(1, Ordering::Relaxed);
+                        return true;
                     }
-                    (Seen::Empty, true) => return false,
-                    // A BUSY slot may hold any key, and its insert publishes
-                    // it within a few steps: wait for it.
-                    (Seen::Busy, _) => {
-                        probe!(COPY_WAITED_FOR_BUSY_SLOT);
-                        wait_briefly(&mut waited);
-                    }
-                    _ => break,
+                    continue;
                 }
+                (Seen::Empty, true) => return false,
+                // A BUSY slot may hold any key, and its insert publishes it
+                // within a few steps: wait for it.
+                (Seen::Busy, _) => {
+                    probe!(COPY_WAITED_FOR_BUSY_SLOT);
+                    wait_briefly(&mut waited);
+                    continue;
+                }
+                _ => {}
+            }
+            if !chain.advance() {
+                return false;
             }
         }
-        false
     }
 }

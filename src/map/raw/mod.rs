@@ -187,26 +187,28 @@ impl<K: Hash + Eq> RawMap<K> {
             // SAFETY: tables are reached from the root or a `next` pointer
             // and retired only through the pin, which waits for `guard`'s.
             let t = unsafe { table.deref() };
-            'chain: for slot in Chain::new(t, hash) {
-                // Looked at again only after this thread copied it.
-                loop {
-                    match Seen::of(slot.cell.word()) {
-                        (Seen::Empty, _) => break 'chain,
-                        // SAFETY: a live or copying word has a published
-                        // key, read through `word`; `guard` keeps the table
-                        // alive.
-                        (Seen::Live(_) | Seen::Copying, frozen) if unsafe { slot.key_is(key) } => {
-                            if !frozen {
-                                return Some(slot);
-                            }
-                            // On its way to the successor: see it there,
-                            // then look at this slot again (COPIED now).
-                            self.copy_frozen(t, slot, hash, guard);
+            let mut chain = Chain::new(t, hash);
+            loop {
+                let slot = chain.slot();
+                match Seen::of(slot.cell.word()) {
+                    (Seen::Empty, _) => break,
+                    // SAFETY: a live or copying word has a published key,
+                    // read through `word`; `guard` keeps the table alive.
+                    (Seen::Live(_) | Seen::Copying, frozen) if unsafe { slot.key_is(key) } => {
+                        if !frozen {
+                            return Some(slot);
                         }
-                        // BUSY: not published, so not there yet. COPIED: in
-                        // the successor. Dead: absent (a live one may follow).
-                        _ => continue 'chain,
+                        // On its way to the successor: see it there, then
+                        // look at this slot again (COPIED now).
+                        self.copy_frozen(t, slot, hash, guard);
+                        continue;
                     }
+                    // BUSY: not published, so not there yet. COPIED: in the
+                    // successor. Dead: absent (a live one may follow).
+                    _ => {}
+                }
+                if !chain.advance() {
+                    break;
                 }
             }
             // Not in this table: a key inserted or copied during a
@@ -255,67 +257,70 @@ impl<K: Hash + Eq> RawMap<K> {
             // again only after another thread changed it (filled, froze or
             // published it: each slot changes at most that many times), or
             // while a BUSY slot's claimer publishes it (a few instructions).
-            for slot in Chain::new(t, hash) {
-                loop {
-                    match Seen::of(slot.cell.word()) {
-                        (Seen::Empty, true) => {
-                            table = self.successor(table, idle, guard);
-                            continue 'tables;
-                        }
-                        (Seen::Empty, false) => {
-                            // The key's own code runs before any reservation
-                            // of this table's, so a panic in it leaves none
-                            // held.
-                            if owned.is_none() {
-                                owned = make.take().map(|make| make());
-                            }
-                            if !t.next.load(Ordering::Acquire, guard).is_null() || !t.reserve_slot()
-                            {
-                                // Going on to the successor: first make sure
-                                // no one fills this slot with our key behind
-                                // our back (a thread that reserved room here a
-                                // moment ago). Freeze it; if that fails,
-                                // someone filled it: look at it again.
-                                let next = self.successor(table, idle, guard);
-                                if slot.cell.freeze_empty() {
-                                    probe!(INSERT_FROZE_EMPTY_SLOT);
-                                    table = next;
-                                    continue 'tables;
-                                }
-                                continue;
-                            }
-                            let fresh = state();
-                            if slot.cell.claim_empty() {
-                                let key = owned
-                                    .take()
-                                    .expect("a key is made before its slot is claimed");
-                                // SAFETY: this thread claimed the slot just now.
-                                unsafe { slot.write_key(key) };
-                                slot.cell.publish(fresh);
-                                return (slot, true);
-                            }
-                            // Someone filled or froze the slot first: give
-                            // the reservation back and look at it again.
-                            t.release_slot();
-                            probe!(INSERT_LOST_SLOT);
-                        }
-                        // It may be our key: wait for it to be published.
-                        (Seen::Busy, _) => {
-                            probe!(INSERT_WAITED_FOR_BUSY_SLOT);
-                            wait_briefly(&mut waited);
-                        }
-                        // SAFETY: as in `find`.
-                        (Seen::Live(_) | Seen::Copying, frozen) if unsafe { slot.key_is(key) } => {
-                            if !frozen {
-                                return (slot, false);
-                            }
-                            // On its way to the successor, where it is
-                            // found: see it there, then look at this slot
-                            // again.
-                            self.copy_frozen(t, slot, hash, guard);
-                        }
-                        _ => break,
+            let mut chain = Chain::new(t, hash);
+            loop {
+                let slot = chain.slot();
+                match Seen::of(slot.cell.word()) {
+                    (Seen::Empty, true) => {
+                        table = self.successor(table, idle, guard);
+                        continue 'tables;
                     }
+                    (Seen::Empty, false) => {
+                        // The key's own code runs before any reservation of
+                        // this table's, so a panic in it leaves none held.
+                        if owned.is_none() {
+                            owned = make.take().map(|make| make());
+                        }
+                        if !t.next.load(Ordering::Acquire, guard).is_null() || !t.reserve_slot() {
+                            // Going on to the successor: first make sure no
+                            // one fills this slot with our key behind our
+                            // back (a thread that reserved room here a moment
+                            // ago). Freeze it; if that fails, someone filled
+                            // it: look at it again.
+                            let next = self.successor(table, idle, guard);
+                            if slot.cell.freeze_empty() {
+                                probe!(INSERT_FROZE_EMPTY_SLOT);
+                                table = next;
+                                continue 'tables;
+                            }
+                            continue;
+                        }
+                        let fresh = state();
+                        if slot.cell.claim_empty() {
+                            let key = owned
+                                .take()
+                                .expect("a key is made before its slot is claimed");
+                            // SAFETY: this thread claimed the slot just now.
+                            unsafe { slot.write_key(key) };
+                            slot.cell.publish(fresh);
+                            return (slot, true);
+                        }
+                        // Someone filled or froze the slot first: give the
+                        // reservation back and look at the slot again.
+                        t.release_slot();
+                        probe!(INSERT_LOST_SLOT);
+                        continue;
+                    }
+                    // It may be our key: wait for it to be published.
+                    (Seen::Busy, _) => {
+                        probe!(INSERT_WAITED_FOR_BUSY_SLOT);
+                        wait_briefly(&mut waited);
+                        continue;
+                    }
+                    // SAFETY: as in `find`.
+                    (Seen::Live(_) | Seen::Copying, frozen) if unsafe { slot.key_is(key) } => {
+                        if !frozen {
+                            return (slot, false);
+                        }
+                        // On its way to the successor, where it is found:
+                        // see it there, then look at this slot again.
+                        self.copy_frozen(t, slot, hash, guard);
+                        continue;
+                    }
+                    _ => {}
+                }
+                if !chain.advance() {
+                    break;
                 }
             }
             table = self.successor(table, idle, guard);
