@@ -29,10 +29,15 @@
 //! - all read-modify-writes of one atomic are totally ordered (its
 //!   modification order), so a CAS from `old` succeeds only if no other
 //!   update landed since `old` was read: no update is ever lost;
-//! - a denial writes nothing and may rest on a load that is already stale.
-//!   That is still correct: updates only move an algorithm's state towards
-//!   "more used" at a given `now` (GCRA's TAT only grows), so a request
-//!   denied on an older state would be denied on the newer one too;
+//! - a denial writes nothing: it is the decision on the state its load
+//!   returned, which is one of the cell's states in its modification
+//!   order, so it takes its place in the cell's history right after the
+//!   write that stored that state. Every decision on a cell therefore fits
+//!   one order of its history. (Not because states only grow: a refund, a
+//!   multi-limit rollback, a reset and a quota change lower them, and a
+//!   denial may rest on the state just before one of those.) A change made
+//!   on another thread is seen by a later check the way any memory is:
+//!   once that change happens-before the check;
 //! - an evictor's claim, a reset and a migration's freeze are CASes on the
 //!   same atomic, so each either lands before an update (whose CAS then
 //!   fails and sees it) or after (and its own CAS fails).

@@ -1,6 +1,10 @@
 //! loom models of turnstile's lock-free protocols: every interleaving of the
-//! real code (atomics through `src/sync.rs`, crossbeam-epoch's pointers
+//! crate's code (atomics through `src/sync.rs`, crossbeam-epoch's pointers
 //! under `--cfg crossbeam_loom`), up to `LOOM_MAX_PREEMPTIONS` preemptions.
+//! One part runs in another form than in a release build: the pin
+//! (`src/map/pin.rs`) takes its fence-on-both-sides form under loom, whose
+//! threads cannot be sent `membarrier`; `pin.rs` states why the two forms
+//! keep the same promise, and `tests/pin.rs` here models that form.
 //!
 //! Each model names a race, and asserts after loom has explored it that
 //! the race was reached in at least one execution (counted by the crate's

@@ -68,4 +68,56 @@ impl<'t, K> Iterator for Chain<'t, K> {
         self.index = self.table.after(self.index, 1);
         Some(slot)
     }
+
+    /// Jumps `n` slots at once (for `step_by` and `skip`).
+    #[inline]
+    fn nth(&mut self, n: usize) -> Option<&'t Slot<K>> {
+        if n >= self.left {
+            self.left = 0;
+            return None;
+        }
+        self.left -= n;
+        self.index = self.table.after(self.index, n);
+        self.next()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The indices a walk visits, in order.
+    fn indices<'t>(table: &'t Table<u64>, walk: impl Iterator<Item = &'t Slot<u64>>) -> Vec<usize> {
+        walk.map(|slot| {
+            table
+                .slots
+                .iter()
+                .position(|s| std::ptr::eq(s, slot))
+                .unwrap()
+        })
+        .collect()
+    }
+
+    #[test]
+    fn a_walk_wraps_once_around_and_jumps_exactly() {
+        let table = Table::<u64>::new(16, 0);
+        let all = indices(&table, Chain::stretch(&table, 14, usize::MAX));
+        let expected: Vec<usize> = (14..16).chain(0..14).collect();
+        assert_eq!(all, expected, "every slot once, from 14, wrapping");
+        assert_eq!(
+            indices(&table, Chain::stretch(&table, 14, 9).step_by(4)),
+            [14, 2, 6]
+        );
+        assert_eq!(
+            indices(&table, Chain::stretch(&table, 15, 5).skip(3)),
+            [2, 3]
+        );
+        assert!(indices(&table, Chain::stretch(&table, 3, 4).skip(4)).is_empty());
+        let mut cursor = Chain::stretch(&table, 15, 3);
+        let mut visited = vec![indices(&table, [cursor.slot()].into_iter())[0]];
+        while cursor.advance() {
+            visited.push(indices(&table, [cursor.slot()].into_iter())[0]);
+        }
+        assert_eq!(visited, [15, 0, 1], "the cursor stops after its stretch");
+    }
 }

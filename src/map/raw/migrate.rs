@@ -1,15 +1,14 @@
 //! Migration: how a table grows, shrinks and sheds its dead slots.
 //!
-//! When a table is full to its [`fill_limit`] (or a quarter of it is dead,
-//! or it is four times larger than its live keys need), a successor sized
-//! for the live keys is
-//! installed in `next`. From then on new keys go to the successor, and
-//! callers copy the old table a chunk at a time: each chunk is claimed by
-//! one thread (a `fetch_add` on a cursor), which evicts idle buckets,
-//! freezes every slot and copies the live ones. The thread that finishes
-//! the last chunk swings the root to the successor and retires the old
-//! table (`crate::map::pin::retire`). A successor migrates only after it has become
-//! the root, so there are at most two tables at a time.
+//! When a table is full to its [`fill_limit`] (or sparse: see
+//! `compact_if_sparse`), a successor sized for the live keys is installed
+//! in `next`. From then on new keys go to the successor, and callers copy
+//! the old table a chunk at a time: each chunk is claimed by one thread (a
+//! `fetch_add` on a cursor), which evicts idle buckets, freezes every slot
+//! and copies the live ones. The thread that finishes the last chunk
+//! swings the root to the successor and retires the old table
+//! (`crate::map::pin::retire`). A successor migrates only after it has
+//! become the root, so there are at most two tables at a time.
 //!
 //! # Sizing a successor
 //!
