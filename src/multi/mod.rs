@@ -145,6 +145,9 @@
 //! would deny too, by a peek after the rollback); on an admission the one
 //! with the fewest tokens `remaining`.
 
+// Each limit's charge and rollback.
+mod charge;
+
 use std::borrow::Borrow;
 use std::cell::OnceCell;
 use std::hash::Hash;
