@@ -79,9 +79,10 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
         Ok(self.decide(&algorithm, n))
     }
 
-    /// Decides at the quota `algorithm`, read once for the whole check.
+    /// Decides at the quota `algorithm`, read once for the whole check (or
+    /// the last limit's, by a multi-limit check).
     #[inline]
-    fn decide(&self, algorithm: &A, cost: u64) -> Decision {
+    pub(crate) fn decide(&self, algorithm: &A, cost: u64) -> Decision {
         let now = self.clock.now();
         match self.cell.update(algorithm, now, cost) {
             Ok(decision) => decision,

@@ -382,11 +382,12 @@ where
     }
 
     /// Decides at `algorithm`: the limiter's own, read once for the whole
-    /// check, or a per-call GCRA quota (`check_with`). Housekeeping judges
-    /// idleness by it too: for GCRA that is `TAT <= now` whatever the
-    /// quota, and a window limiter's algorithm is never replaced.
+    /// check, a per-call GCRA quota (`check_with`), or the last limit's
+    /// of a multi-limit check. Housekeeping judges idleness by it too: for
+    /// GCRA that is `TAT <= now` whatever the quota, and a window limiter's
+    /// algorithm is never replaced.
     #[inline]
-    fn decide<Q, D>(&self, key: &Q, cost: u64, algorithm: &D) -> Decision
+    pub(crate) fn decide<Q, D>(&self, key: &Q, cost: u64, algorithm: &D) -> Decision
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -429,7 +430,14 @@ where
     /// multi-limit check: looks `key` (whose hash is `hash`) up in `map`,
     /// reads the clock, runs a housekeeping step if one is due, and decides
     /// the request on the key's bucket (inserting it if absent).
-    #[inline]
+    ///
+    /// Always inlined, with `decide_found`: the charge record it returns
+    /// then stays in registers, or is never built when the caller drops it.
+    /// Called out of line (as a multi-limit check's second call site made
+    /// it), the record went through the stack and was read back wider than
+    /// it was written, a failed store forwarding that cost a one-limit
+    /// multi-limit check a third of its time (BENCHMARKS.md).
+    #[inline(always)]
     fn check_pinned<'p, Q, D>(
         &self,
         map: &'p Pinned<'_, K>,
@@ -483,7 +491,7 @@ where
     /// inserted (`admit`) or refused; a bucket evicted or moved since the
     /// lookup is looked up again. Reports the admission it made on a
     /// tracked bucket, and the cell, for a multi-limit rollback.
-    #[inline]
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn decide_found<'p, Q, D>(
         &self,
