@@ -4,7 +4,7 @@ use std::fmt;
 
 use crate::algorithms::Algorithm;
 use crate::algorithms::Gcra;
-use crate::cell::{Cell, Charge};
+use crate::cell::Cell;
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::Decision;
 use crate::error::CostError;
@@ -79,9 +79,10 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
         Ok(self.decide(&algorithm, n))
     }
 
-    /// Decides at the quota `algorithm`, read once for the whole check.
+    /// Decides at the quota `algorithm`, read once for the whole check (or
+    /// the last limit's, by a multi-limit check).
     #[inline]
-    fn decide(&self, algorithm: &A, cost: u64) -> Decision {
+    pub(crate) fn decide(&self, algorithm: &A, cost: u64) -> Decision {
         let now = self.clock.now();
         match self.cell.update(algorithm, now, cost) {
             Ok(decision) => decision,
@@ -93,6 +94,12 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
     /// The clock this limiter reads.
     pub fn clock(&self) -> &C {
         &self.clock
+    }
+
+    /// The bucket and the count of its resets: what a multi-limit check
+    /// charges and rolls back (`crate::multi`).
+    pub(crate) fn bucket(&self) -> (&Cell, &Resets) {
+        (&self.cell, &self.resets)
     }
 
     /// The algorithm this limiter runs now (a copy: a quota change
@@ -214,44 +221,6 @@ impl<C: Clock> DirectLimiter<C, Gcra> {
             self.cell.modify(|tat| algorithm.refunded(tat, now, n)),
             Ok(Some(_))
         ))
-    }
-
-    /// A check of cost `n` at the quota `gcra` (`n` already checked
-    /// against it) that also reports the admission it made and the
-    /// generation of the bucket it made it on, for the multi-limit
-    /// rollback. An admission that a reset overlapped is reported as none:
-    /// it is never rolled back (see `crate::resets`).
-    pub(crate) fn charge(&self, gcra: &Gcra, n: u64) -> (Decision, Option<(Charge, u64)>) {
-        let now = self.clock.now();
-        let (charged, generation) = self.resets.charge(|| self.cell.charge(gcra, now, n));
-        match charged {
-            Ok((decision, charge)) => (decision, charge.zip(generation)),
-            // A direct limiter has no evictor, so its cell is never claimed.
-            Err(_) => unreachable!("a direct limiter's cell is never tombstoned"),
-        }
-    }
-
-    /// Takes the admission `charge` of cost `n`, made at the quota `gcra`,
-    /// out again (see `crate::multi`) if the cell still holds the bucket of
-    /// `generation`, the one it was charged to: after a reset, nothing.
-    /// Returns whether the state had moved since the charge (another
-    /// admission or rollback landed in between, or a reset).
-    pub(crate) fn roll_back(&self, gcra: &Gcra, charge: &Charge, generation: u64, n: u64) -> bool {
-        let algorithm = gcra;
-        let clock = &self.clock;
-        let raced = std::cell::Cell::new(true);
-        let current = self.resets.roll_back(generation, || {
-            let _ = self.cell.modify(|tat| {
-                raced.set(tat != charge.after);
-                // Read after the state: every admission in `tat` read the
-                // clock no later than this.
-                algorithm.rolled_back(tat, charge, clock.now(), n)
-            });
-        });
-        if !current {
-            probe!(ROLLBACK_AFTER_RESET);
-        }
-        raced.get()
     }
 
     /// Changes the quota while the limiter serves, through `&self`: checks

@@ -143,7 +143,7 @@ use std::hash::Hash;
 use std::marker::PhantomData;
 
 use crate::algorithms::{Algorithm, FromQuota, Gcra};
-use crate::cell::{Charge, Gone};
+use crate::cell::{Cell, Charge, Gone};
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::Decision;
 use crate::error::{CostError, QuotaError};
@@ -184,6 +184,11 @@ impl<K> Drop for Reservation<'_, '_, K> {
         self.0.unreserve();
     }
 }
+
+/// What a check did on its key's bucket: the decision, and, when it
+/// admitted onto a tracked bucket, the admission and the cell it landed on
+/// (what a multi-limit rollback takes out again; a single check drops it).
+pub(crate) type Checked<'p> = (Decision, Option<(Charge, &'p Cell)>);
 
 /// How `admit` dealt with a missing key.
 enum Admitted<'p, K> {
@@ -377,11 +382,12 @@ where
     }
 
     /// Decides at `algorithm`: the limiter's own, read once for the whole
-    /// check, or a per-call GCRA quota (`check_with`). Housekeeping judges
-    /// idleness by it too: for GCRA that is `TAT <= now` whatever the
-    /// quota, and a window limiter's algorithm is never replaced.
+    /// check, a per-call GCRA quota (`check_with`), or the last limit's
+    /// of a multi-limit check. Housekeeping judges idleness by it too: for
+    /// GCRA that is `TAT <= now` whatever the quota, and a window limiter's
+    /// algorithm is never replaced.
     #[inline]
-    fn decide<Q, D>(&self, key: &Q, cost: u64, algorithm: &D) -> Decision
+    pub(crate) fn decide<Q, D>(&self, key: &Q, cost: u64, algorithm: &D) -> Decision
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -389,6 +395,62 @@ where
     {
         let hash = self.map.hash(key);
         let map = self.map.pin();
+        // The admission record is dropped: inlined, it costs nothing.
+        self.check_pinned(&map, hash, key, cost, algorithm).0
+    }
+
+    /// This limiter's map, pinned: a multi-limit check holds it from its
+    /// first charge to its last rollback, so the slots its charges landed
+    /// on are not freed (nor reused for other buckets) in between.
+    pub(crate) fn pin(&self) -> Pinned<'_, K> {
+        self.map.pin()
+    }
+
+    /// A check of cost `n` at the quota `gcra` (`n` already checked against
+    /// it) for `key`, on `map` (this limiter's, pinned by the caller), that
+    /// also reports the admission it made and the cell it made it on: one
+    /// limit's charge of a multi-limit check, which holds the pin until its
+    /// rollbacks are done (see `crate::multi`). The same path as `check`.
+    #[inline]
+    pub(crate) fn charge<'p, Q>(
+        &self,
+        map: &'p Pinned<'_, K>,
+        gcra: &Gcra,
+        key: &Q,
+        n: u64,
+    ) -> Checked<'p>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.check_pinned(map, self.map.hash(key), key, n, gcra)
+    }
+
+    /// The one check path, for every single check and each limit of a
+    /// multi-limit check: looks `key` (whose hash is `hash`) up in `map`,
+    /// reads the clock, runs a housekeeping step if one is due, and decides
+    /// the request on the key's bucket (inserting it if absent).
+    ///
+    /// Always inlined, with `decide_found`: the charge record it returns
+    /// then stays in registers, or is never built when the caller drops it.
+    /// Called out of line (as a multi-limit check's second call site made
+    /// it), the record went through the stack and was read back wider than
+    /// it was written, a failed store forwarding that cost a one-limit
+    /// multi-limit check a third of its time (BENCHMARKS.md).
+    #[inline(always)]
+    fn check_pinned<'p, Q, D>(
+        &self,
+        map: &'p Pinned<'_, K>,
+        hash: u64,
+        key: &Q,
+        cost: u64,
+        algorithm: &D,
+    ) -> Checked<'p>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+        D: Algorithm,
+    {
         let found = map.find(hash, key);
         // The clock is read after the lookup, not before: a clock read
         // behind the previous check's CAS (a locked instruction) waits for
@@ -397,8 +459,8 @@ where
         // every miss (BENCHMARKS.md, "The clock read after the lookup").
         let mut now = self.clock.now();
         let idle = move |state| algorithm.is_idle(state, now);
-        self.tick(&map, now, &idle);
-        self.decide_found(&map, hash, key, found, &mut now, cost, algorithm, &idle)
+        self.tick(map, now, &idle);
+        self.decide_found(map, hash, key, found, &mut now, cost, algorithm, &idle)
     }
 
     /// Runs a housekeeping step if one is due at `now`: what every check
@@ -424,35 +486,12 @@ where
         }
     }
 
-    /// Decides one request for `key` (whose hash is `hash`) at `now`, on a
-    /// map already pinned and housekept: a check after its clock read. An
-    /// insert reads the clock again (see `admit`) and leaves that later
-    /// reading in `now`, so a batch decides its next keys at it and time
-    /// never runs backwards within a batch.
-    #[inline]
-    #[allow(clippy::too_many_arguments)]
-    fn decide_pinned<Q, D>(
-        &self,
-        map: &Pinned<'_, K>,
-        hash: u64,
-        key: &Q,
-        now: &mut u64,
-        cost: u64,
-        algorithm: &D,
-        idle: &impl Fn(u64) -> bool,
-    ) -> Decision
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-        D: Algorithm,
-    {
-        let found = map.find(hash, key);
-        self.decide_found(map, hash, key, found, now, cost, algorithm, idle)
-    }
-
-    /// [`decide_pinned`](Self::decide_pinned) after the first lookup, which
-    /// found `found`.
-    #[inline]
+    /// Decides one request for `key` after its first lookup, which found
+    /// `found`: a live bucket is updated in place; an absent key is
+    /// inserted (`admit`) or refused; a bucket evicted or moved since the
+    /// lookup is looked up again. Reports the admission it made on a
+    /// tracked bucket, and the cell, for a multi-limit rollback.
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn decide_found<'p, Q, D>(
         &self,
@@ -464,7 +503,7 @@ where
         cost: u64,
         algorithm: &D,
         idle: &impl Fn(u64) -> bool,
-    ) -> Decision
+    ) -> Checked<'p>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -474,13 +513,18 @@ where
             let slot = match found {
                 Some(slot) => slot,
                 None => match self.admit(map, hash, key, now, cost, algorithm, idle) {
-                    Admitted::Inserted(decision, ..) => return decision,
+                    Admitted::Inserted(decision, charge, slot) => {
+                        return (decision, charge.map(|c| (c, &slot.cell)))
+                    }
                     Admitted::Found(slot) => slot,
-                    Admitted::Refused(now) => return self.overflow_decision(algorithm, now, cost),
+                    // Untracked or refused: nothing was charged.
+                    Admitted::Refused(now) => {
+                        return (self.overflow_decision(algorithm, now, cost), None)
+                    }
                 },
             };
-            match slot.cell.update(algorithm, *now, cost) {
-                Ok(decision) => return decision,
+            match slot.cell.charge(algorithm, *now, cost) {
+                Ok((decision, charge)) => return (decision, charge.map(|c| (c, &slot.cell))),
                 // Evicted under our feet: the key is absent now; look again.
                 Err(Gone::Dead) => {
                     probe!(UPDATE_MET_TOMBSTONE);

@@ -187,7 +187,13 @@ where
                     map.prefetch_slot(ahead);
                 }
                 let cost = cost(first + i);
-                out.push(self.decide_pinned(&map, hash, key, &mut now, cost, algorithm, &idle));
+                // At the batch's reading; an insert reads the clock again
+                // and leaves that later reading in `now`, so time never
+                // runs backwards within a batch.
+                let found = map.find(hash, key);
+                let (decision, _) =
+                    self.decide_found(&map, hash, key, found, &mut now, cost, algorithm, &idle);
+                out.push(decision);
             }
         }
     }

@@ -7,13 +7,12 @@
 use std::borrow::Borrow;
 use std::hash::Hash;
 
-use super::{Admitted, KeyedLimiter};
+use super::KeyedLimiter;
 use crate::algorithms::{Algorithm, Gcra};
-use crate::cell::{Cell, Charge, Gone};
+use crate::cell::Gone;
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::CostError;
-use crate::map::Pinned;
 use crate::quota::Quota;
 use crate::stats::{Event, Stats};
 
@@ -344,95 +343,5 @@ where
                 Err(Gone::Moved) => {}
             }
         }
-    }
-}
-
-impl<K, C> KeyedLimiter<K, C, Gcra>
-where
-    K: Hash + Eq + Send + Sync + 'static,
-    C: Clock,
-{
-    /// This limiter's map, pinned: a multi-limit check holds it from its
-    /// first charge to its last rollback, so the slots its charges landed
-    /// on are not freed (nor reused for other buckets) in between.
-    pub(crate) fn pin(&self) -> Pinned<'_, K> {
-        self.map.pin()
-    }
-
-    /// A check of cost `n` at the quota `algorithm` (`n` already checked
-    /// against it) for `key` that also reports the admission it made and
-    /// the cell it made it on, for the multi-limit rollback: `decide` with `Cell::charge` in place of
-    /// `Cell::update`, kept apart so the single-limit path is not touched.
-    ///
-    pub(crate) fn charge<'p, Q>(
-        &self,
-        map: &'p Pinned<'_, K>,
-        algorithm: &Gcra,
-        key: &Q,
-        n: u64,
-    ) -> (Decision, Option<(Charge, &'p Cell)>)
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
-    {
-        let hash = self.map.hash(key);
-        let mut found = map.find(hash, key);
-        // The clock after the lookup, as `decide` reads it (its comment
-        // says why).
-        let first = self.clock.now();
-        let idle = |state| algorithm.is_idle(state, first);
-        self.tick(map, first, &idle);
-        // An insert may read the clock again (see `admit`); later steps
-        // decide at that reading.
-        let mut now = first;
-        loop {
-            let slot = match found {
-                Some(slot) => slot,
-                None => match self.admit(map, hash, key, &mut now, n, algorithm, &idle) {
-                    Admitted::Inserted(decision, charge, slot) => {
-                        return (decision, charge.map(|c| (c, &slot.cell)))
-                    }
-                    Admitted::Found(slot) => slot,
-                    // Untracked or refused: nothing was charged.
-                    Admitted::Refused(now) => {
-                        return (self.overflow_decision(algorithm, now, n), None)
-                    }
-                },
-            };
-            match slot.cell.charge(algorithm, now, n) {
-                Ok((decision, charge)) => return (decision, charge.map(|c| (c, &slot.cell))),
-                // Evicted or moved under our feet: look again.
-                Err(Gone::Dead | Gone::Moved) => found = map.find(hash, key),
-            }
-        }
-    }
-
-    /// Takes the admission `charge` of cost `n`, made at the quota `gcra`,
-    /// out of `cell`, the cell it landed on (see `crate::multi`), if that
-    /// cell still holds the bucket.
-    /// Returns whether the state had moved since the charge (another
-    /// admission or rollback landed in between, or the bucket is gone).
-    ///
-    /// A dead cell's bucket was reset or evicted (as idle, when the charge
-    /// had expired by itself, or to make room), and a new bucket for the
-    /// key never held this charge: nothing to take out. A frozen cell's
-    /// bucket is moving to a successor table; the charge is left in it
-    /// rather than taken out of whatever bucket holds the key there, which
-    /// may be a new one (see "Which bucket" in `crate::multi`).
-    pub(crate) fn roll_back(&self, gcra: &Gcra, cell: &Cell, charge: &Charge, n: u64) -> bool {
-        let (algorithm, clock) = (gcra, &self.clock);
-        let raced = std::cell::Cell::new(true);
-        let rolled = cell.modify(|tat| {
-            raced.set(tat != charge.after);
-            // Read after the state: every admission in `tat` read the
-            // clock no later than this.
-            algorithm.rolled_back(tat, charge, clock.now(), n)
-        });
-        match rolled {
-            Err(Gone::Dead) => probe!(ROLLBACK_FOUND_BUCKET_DEAD),
-            Err(Gone::Moved) => probe!(ROLLBACK_FOUND_BUCKET_MOVED),
-            Ok(_) => {}
-        }
-        raced.get()
     }
 }

@@ -145,6 +145,9 @@
 //! would deny too, by a peek after the rollback); on an admission the one
 //! with the fewest tokens `remaining`.
 
+// Each limit's charge and rollback.
+mod charge;
+
 use std::borrow::Borrow;
 use std::cell::OnceCell;
 use std::hash::Hash;
@@ -216,32 +219,55 @@ impl From<Decision> for MultiDecision {
     }
 }
 
-/// Charge-then-roll-back over `count` limits, see the module docs. A
-/// charge `R` is what its rollback needs: the admission and the bucket it
-/// landed on. `roll_back` returns whether the limit's state had moved since
-/// the charge (counted for the tests, which assert that the race happened).
+/// Charge-then-roll-back over `count` limits, see the module docs.
+///
+/// Each limit's quota is read once, by `quota(i)` right before its charge,
+/// and that one reading decides the charge and its rollback (a check that
+/// races `set_quotas` may see some limits changed and not yet the others,
+/// each whole). A charge `R` is what its rollback needs besides the quota:
+/// the admission and the bucket it landed on. `roll_back` returns whether
+/// the limit's state had moved since the charge (counted for the tests,
+/// which assert that the race happened).
+///
+/// The last limit is decided by `decide`, the single check, not charged:
+/// no limit after it can deny, so its admission is never rolled back. With
+/// one limit, the whole check is a single check. (Charging every limit, and
+/// reading all eight quotas up front, made the one-limit check 1.6 times
+/// slower than a single check: the charge record went through the stack and
+/// was read back wider than it was written, a failed store forwarding on
+/// every check; see BENCHMARKS.md.)
 fn check_all<R: Copy>(
     count: usize,
-    charge: impl Fn(usize) -> (Decision, Option<R>),
-    roll_back: impl Fn(usize, &R) -> bool,
+    quota: impl Fn(usize) -> Gcra,
+    charge: impl Fn(usize, &Gcra) -> (Decision, Option<R>),
+    decide: impl Fn(usize, &Gcra) -> Decision,
+    roll_back: impl Fn(usize, &Gcra, &R) -> bool,
     peek: impl Fn(usize) -> Decision,
 ) -> MultiDecision {
-    let mut charges = [None; MAX_LIMITS];
+    let mut charges: [Option<(R, Gcra)>; MAX_LIMITS] = [None; MAX_LIMITS];
     let mut tightest: Option<MultiDecision> = None;
+    // `count >= 1`: Quotas is never empty.
+    let last = count.saturating_sub(1);
     for i in 0..count {
-        let (decision, charged) = charge(i);
+        let gcra = quota(i);
+        let decision = if i < last {
+            let (decision, charged) = charge(i, &gcra);
+            if let (Some(slot), Some(charged)) = (charges.get_mut(i), charged) {
+                *slot = Some((charged, gcra));
+            }
+            decision
+        } else {
+            decide(i, &gcra)
+        };
         if decision.is_denied() {
             for (j, charged) in charges.iter().enumerate().take(i) {
-                if let Some(charged) = charged {
-                    if roll_back(j, charged) {
+                if let Some((charged, gcra)) = charged {
+                    if roll_back(j, gcra, charged) {
                         count_raced_rollback();
                     }
                 }
             }
             return longest_wait(count, i, decision, peek);
-        }
-        if let Some(slot) = charges.get_mut(i) {
-            *slot = charged;
         }
         #[cfg(test)]
         tests::between_charges();
@@ -252,8 +278,8 @@ fn check_all<R: Copy>(
             });
         }
     }
-    // `count >= 1` (Quotas is never empty), so `tightest` is set; the
-    // fallback only keeps this total.
+    // `count >= 1`, so `tightest` is set; the fallback only keeps this
+    // total.
     tightest.unwrap_or_else(|| MultiDecision {
         decision: peek(0),
         binding: 0,
@@ -315,8 +341,10 @@ pub(crate) fn peek_all(count: usize, peek: impl Fn(usize) -> Decision) -> MultiD
     }
 }
 
-/// Each limit's quota, read once for a whole multi-limit check: the
-/// charges, the rollbacks and the cost check all use these.
+/// Each limit's quota, read once for a whole `check_n` (its cost is checked
+/// against them all, then its charges and rollbacks use them), `peek_n` or
+/// `refund`. A `check` of cost 1 reads each quota as it charges that limit
+/// instead (`check_all`).
 type Snapshot = [Gcra; MAX_LIMITS];
 
 /// What a multi-limiter needs of each of its limits to read, change and
@@ -459,7 +487,8 @@ impl<C: Clock> MultiLimiter<C> {
     /// ```
     pub fn check(&self) -> MultiDecision {
         // Cost 1 is within every burst.
-        self.decide(&self.snapshot(), 1)
+        // Each limit's quota is read as it is charged.
+        self.decide(|i| self.limits[i].gcra(), 1)
     }
 
     /// Decides one request of cost `n`: all limits admit all `n` tokens, or
@@ -478,9 +507,10 @@ impl<C: Clock> MultiLimiter<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn check_n(&self, n: u64) -> Result<MultiDecision, CostError> {
+        // Every quota read up front: the cost is checked against them all.
         let gcras = self.snapshot();
         check_cost(&gcras[..self.limits.len()], n)?;
-        Ok(self.decide(&gcras, n))
+        Ok(self.decide(|i| gcras[i], n))
     }
 
     /// The decision a check of cost `n` would get now, taking nothing.
@@ -577,12 +607,14 @@ impl<C: Clock> MultiLimiter<C> {
         snapshot(&self.limits)
     }
 
-    fn decide(&self, gcras: &Snapshot, n: u64) -> MultiDecision {
+    fn decide(&self, quota: impl Fn(usize) -> Gcra, n: u64) -> MultiDecision {
         check_all(
             self.limits.len(),
+            quota,
             // The cost was checked against every limit's burst.
-            |i| self.limits[i].charge(&gcras[i], n),
-            |i, &(charge, generation)| self.limits[i].roll_back(&gcras[i], &charge, generation, n),
+            |i, gcra| self.limits[i].charge(gcra, n),
+            |i, gcra| self.limits[i].decide(gcra, n),
+            |i, gcra, &(charge, generation)| self.limits[i].roll_back(gcra, &charge, generation, n),
             |i| self.peek_one(i, n),
         )
     }
@@ -725,7 +757,8 @@ where
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
         // Cost 1 is within every burst.
-        self.decide(&self.snapshot(), key, 1)
+        // Each limit's quota is read as it is charged.
+        self.decide(|i| self.limits[i].gcra(), key, 1)
     }
 
     /// Decides one request of cost `n` for `key`: every limit admits all
@@ -748,9 +781,10 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        // Every quota read up front: the cost is checked against them all.
         let gcras = self.snapshot();
         check_cost(&gcras[..self.limits.len()], n)?;
-        Ok(self.decide(&gcras, key, n))
+        Ok(self.decide(|i| gcras[i], key, n))
     }
 
     /// The decision a check of cost 1 for `key` would get now, taking
@@ -936,7 +970,7 @@ where
         snapshot(&self.limits)
     }
 
-    fn decide<Q>(&self, gcras: &Snapshot, key: &Q, n: u64) -> MultiDecision
+    fn decide<Q>(&self, quota: impl Fn(usize) -> Gcra, key: &Q, n: u64) -> MultiDecision
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
@@ -947,12 +981,15 @@ where
         let pins: [OnceCell<Pinned<'_, K>>; MAX_LIMITS] = std::array::from_fn(|_| OnceCell::new());
         check_all(
             self.limits.len(),
+            quota,
             // The cost was checked against every limit's burst.
-            |i| {
+            |i, gcra| {
                 let map = pins[i].get_or_init(|| self.limits[i].pin());
-                self.limits[i].charge(map, &gcras[i], key, n)
+                self.limits[i].charge(map, gcra, key, n)
             },
-            |i, &(charge, cell)| self.limits[i].roll_back(&gcras[i], cell, &charge, n),
+            // Pins the last limit's map for its own check only.
+            |i, gcra| self.limits[i].decide(key, n, gcra),
+            |i, gcra, &(charge, cell)| self.limits[i].roll_back(gcra, cell, &charge, n),
             |i| self.peek_one(i, key, n),
         )
     }
