@@ -934,9 +934,9 @@ mod tests {
         assert_eq!(limiter.check_n(&1, 0), Err(CostError::Zero));
         assert_eq!(
             limiter.check_n(&1, 11),
-            Err(CostError::ExceedsBurst {
+            Err(CostError::ExceedsCapacity {
                 cost: 11,
-                burst: 10
+                capacity: 10
             })
         );
         assert_eq!(limiter.len(), 0, "an error changes nothing");

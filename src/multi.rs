@@ -394,9 +394,9 @@ fn check_cost(gcras: &[Gcra], n: u64) -> Result<(), CostError> {
         .map(|gcra| gcra.check_cost(n))
         .find(Result::is_err)
     {
-        Some(Err(CostError::ExceedsBurst { cost, .. })) => Err(CostError::ExceedsBurst {
+        Some(Err(CostError::ExceedsCapacity { cost, .. })) => Err(CostError::ExceedsCapacity {
             cost,
-            burst: gcras
+            capacity: gcras
                 .iter()
                 .map(|g| g.quota().burst_size())
                 .min()
@@ -473,7 +473,7 @@ impl<C: Clock> MultiLimiter<C> {
     /// assert_eq!(limiter.check_n(5).unwrap().decision().remaining(), 15);
     /// assert_eq!(
     ///     limiter.check_n(21),
-    ///     Err(CostError::ExceedsBurst { cost: 21, burst: 20 })
+    ///     Err(CostError::ExceedsCapacity { cost: 21, capacity: 20 })
     /// );
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```

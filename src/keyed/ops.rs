@@ -62,7 +62,7 @@ where
     ///
     /// let limiter = KeyedLimiter::<u64>::new("10/s".parse()?);
     /// assert!(limiter.peek_n(&7, 10).unwrap().is_allowed());
-    /// assert!(matches!(limiter.peek_n(&7, 11), Err(CostError::ExceedsBurst { .. })));
+    /// assert!(matches!(limiter.peek_n(&7, 11), Err(CostError::ExceedsCapacity { .. })));
     /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
     pub fn peek_n<Q>(&self, key: &Q, n: u64) -> Result<Decision, CostError>
