@@ -608,7 +608,7 @@ impl<C: Clock> MultiLimiter<C> {
 /// assert!(d.is_allowed());
 /// assert_eq!((d.binding(), d.decision().remaining()), (0, 19));
 /// assert!(limiter.peek("bob").is_allowed());
-/// assert_eq!(limiter.stats().live_keys, 2, "alice, in each of two limits");
+/// assert_eq!(limiter.stats().keys_held, 2, "alice, in each of two limits");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
@@ -858,7 +858,7 @@ where
         self.limits.iter().map(KeyedLimiter::evict_idle).sum()
     }
 
-    /// The limits' gauges and counters added up: `live_keys` counts
+    /// The limits' gauges and counters added up: `keys_held` counts
     /// buckets (a key tracked by each of two limits counts twice),
     /// `capacity` the slots of every limit's table, `max_keys` the bound of
     /// every limit together; each limit's own figures are in
@@ -874,7 +874,7 @@ where
     /// let _ = limiter.check(&1);
     /// assert!(limiter.check(&2).is_denied(), "no room in the first limit");
     /// let stats = limiter.stats();
-    /// assert_eq!((stats.live_keys, stats.max_keys, stats.overflow_refusals), (2, 2, 1));
+    /// assert_eq!((stats.keys_held, stats.max_keys, stats.overflow_refusals), (2, 2, 1));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn stats(&self) -> Stats {
@@ -882,7 +882,7 @@ where
             .iter()
             .map(KeyedLimiter::stats)
             .fold(Stats::default(), |sum, one| Stats {
-                live_keys: sum.live_keys + one.live_keys,
+                keys_held: sum.keys_held + one.keys_held,
                 capacity: sum.capacity + one.capacity,
                 max_keys: sum.max_keys + one.max_keys,
                 idle_evictions: sum.idle_evictions + one.idle_evictions,
@@ -891,7 +891,7 @@ where
                 overflow_untracked: sum.overflow_untracked + one.overflow_untracked,
                 resets: sum.resets + one.resets,
                 // Process-wide already: the same figure in every limit.
-                cas_retries: one.cas_retries,
+                process_cas_retries: one.process_cas_retries,
             })
     }
 

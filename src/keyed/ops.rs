@@ -134,8 +134,9 @@ where
         removed
     }
 
-    /// The limiter's gauges and counters: live keys, capacity, evictions
-    /// (idle, overflow), overflow refusals, CAS retries. See [`Stats`].
+    /// The limiter's gauges and counters: keys held (idle ones included
+    /// until swept), capacity, evictions (idle, overflow), overflow
+    /// refusals, and the process-wide CAS retries. See [`Stats`].
     ///
     /// ```
     /// use turnstile_rl::{KeyedLimiter, OverflowPolicy};
@@ -147,12 +148,12 @@ where
     /// let _ = limiter.check(&1);
     /// assert!(limiter.check(&2).is_denied());
     /// let stats = limiter.stats();
-    /// assert_eq!((stats.live_keys, stats.max_keys, stats.overflow_refusals), (1, 1, 1));
+    /// assert_eq!((stats.keys_held, stats.max_keys, stats.overflow_refusals), (1, 1, 1));
     /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
     pub fn stats(&self) -> Stats {
         Stats {
-            live_keys: self.len() as u64,
+            keys_held: self.len() as u64,
             capacity: self.capacity() as u64,
             max_keys: self.max_keys as u64,
             ..self.counters.snapshot()
