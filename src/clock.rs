@@ -15,10 +15,17 @@
 //!
 //! TSC readings are not always monotonic across cores (governor users saw
 //! spurious denials from this, governor issue #299). GCRA is robust to it by
-//! construction: a reading `d` nanoseconds in the past can only make the
-//! bucket look *more* used (`TAT - now` grows by `d`), so it never grants a
-//! token, and it shifts the decision by at most `d`. The next correct reading
-//! restores exact behaviour; no state is corrupted.
+//! construction: on a bucket it finds, a reading `d` nanoseconds in the past
+//! can only make the bucket look *more* used (`TAT - now` grows by `d`), so
+//! it grants no token there, and it shifts the decision by at most `d`. The
+//! next correct reading restores exact behaviour; no state is corrupted.
+//!
+//! The one way a late reading can grant is through a bucket that is no
+//! longer there. A keyed limiter forgets a key as idle at one thread's
+//! reading; a check of that key whose reading is `d` behind starts a fresh
+//! bucket at its own reading, and so can admit at most `d / T` more
+//! requests than the quota (`T` the emission interval), once. The bound and
+//! why it holds are in [`keyed`](crate::keyed)'s "Clocks and eviction".
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -28,7 +35,8 @@ use crate::sync::{AtomicU64, Ordering};
 /// A source of time for a limiter: nanoseconds since this clock's origin.
 ///
 /// Readings should never decrease; if one does (see the module docs), the
-/// limiter denies rather than grants. Implement it for your own time source
+/// limiter denies rather than grants, except for the bounded extra a keyed
+/// limiter may admit on a key just evicted by a later reading. Implement it for your own time source
 /// (a simulation, a shared coarse clock) as needed.
 pub trait Clock: Send + Sync {
     /// Nanoseconds elapsed since this clock's origin.
