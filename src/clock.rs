@@ -3,7 +3,7 @@
 //! | clock            | cost of a reading | resolution | safe when                                   |
 //! |------------------|-------------------|------------|---------------------------------------------|
 //! | [`QuantaClock`]  | one TSC read, scaled: cheaper than `Instant` | ~1 ns      | the TSC is invariant and synchronised across cores (any x86 server of the last decade; quanta falls back to `CLOCK_MONOTONIC` by itself where there is no usable TSC) |
-//! | [`RecentClock`]  | one atomic load: the cheapest | ~1 ms      | a decision may be up to one upkeep tick (1 ms) late: fine for quotas whose interval is much longer than 1 ms |
+//! | [`RecentClock`]  | one atomic load: the cheapest | [`RECENT_CLOCK_TICK`] | a decision may be up to one upkeep tick late: fine for quotas whose interval is much longer than that tick |
 //! | [`MonotonicClock`] | an OS clock read (`std::time::Instant`): the dearest | ~1 ns      | always: `std::time::Instant` is monotonic by contract; pick it where the TSC cannot be trusted (some VMs, old multi-socket boxes) |
 //! | [`ManualClock`]  | one atomic load   | exact      | tests and simulations: time moves only when you move it |
 //!
@@ -78,14 +78,15 @@ impl Clock for QuantaClock {
 }
 
 /// `quanta`'s "recent" time: one shared value that an upkeep thread refreshes
-/// every millisecond, so a reading is a single load (figures:
+/// every [`RECENT_CLOCK_TICK`], so a reading is a single load (figures:
 /// `BENCHMARKS.md`).
 ///
 /// The upkeep thread is started once per process by the first `RecentClock`
 /// and runs until the process exits. If your program already runs a
 /// `quanta::Upkeep`, that one keeps the time current and none is started.
 /// Decisions are up to one tick late: use it where quotas have intervals far
-/// longer than a millisecond and every nanosecond of the check counts.
+/// longer than [`RECENT_CLOCK_TICK`] and every nanosecond of the check
+/// counts.
 #[derive(Clone, Debug)]
 pub struct RecentClock {
     clock: quanta::Clock,
