@@ -22,16 +22,17 @@
 //!   (`tests/keyed_memory.rs` measures it for a million idle `u64` keys).
 //! - **When the table is mostly dead weight or far larger than the keys it
 //!   holds need** (the thresholds are `compact_if_sparse`'s, in
-//!   `map::raw`), the sweep starts a migration to a table sized for those
-//!   keys (`capacity_for` there), so memory follows the keys down as well
-//!   as up. Inserts trigger the same migration when the table is full to
-//!   its fill limit (`fill_limit` there), and each insert that meets a
-//!   migration copies one chunk of it (`MIGRATION_CHUNK` slots).
+//!   `map::raw::migrate`), the sweep starts a migration to a table sized
+//!   for those keys (`capacity_for` in `map::raw::table`), so memory
+//!   follows the keys down as well as up. Inserts trigger the same
+//!   migration when the table is full to its fill limit (`fill_limit`
+//!   there), and each insert that meets a migration copies one chunk of it
+//!   (`MIGRATION_CHUNK` slots, in `map::raw`).
 //! - **On demand**, [`KeyedLimiter::evict_idle`] sweeps everything at once.
 //! - **At `max_keys`**, a new key is admitted according to the
 //!   [`OverflowPolicy`]; the default evicts (one bucket per new key), among
 //!   the live keys on the lines the new key's lookup has just read (its
-//!   home cache line and the next, `EVICTION_LINES` in `map::raw`; never
+//!   home cache line and the next, `EVICTION_LINES` in `map::raw::evict`; never
 //!   fewer than two keys when the table holds two), the bucket closest to full:
 //!   it carries the least information, and under a flood of random keys it
 //!   is one of the flood's own single-request keys, not a busy user's.
@@ -174,7 +175,7 @@ pub(crate) const SWEEP_SLOTS: usize = 256;
 /// `evict_one_near`).
 pub(crate) const OVERFLOW_SAMPLE: usize = 8;
 /// The default bound on live keys. What it costs in memory (a table sized
-/// by `capacity_for` in `map::raw`, each slot a key beside its 8-byte
+/// by `capacity_for` in `map::raw::table`, each slot a key beside its 8-byte
 /// cell) is measured in `BENCHMARKS.md`.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
