@@ -99,7 +99,8 @@ fn key_extractor(route: &RouteConfig, client_ip: &ClientIp) -> Result<KeyExtract
 }
 
 /// The limiters behind the layers, by policy name, for the key gauges:
-/// each reads (live keys, most keys) of one limit.
+/// each reads (keys held, idle ones included until swept; most keys) of one
+/// limit.
 type Limiters = Vec<(String, Gauge)>;
 type Gauge = Box<dyn Fn() -> (usize, usize) + Send>;
 
@@ -186,7 +187,7 @@ fn app(config: &Config, limited: bool) -> Result<(Router, Limiters), Error> {
     Ok((router, limiters))
 }
 
-/// Live keys and the most each limiter tracks, as gauges, once a second:
+/// Keys held and the most each limiter tracks, as gauges, once a second:
 /// read off the request path (the `metrics` facade has no gauges computed
 /// at scrape time, and setting them on every request would make every
 /// request write one shared line).

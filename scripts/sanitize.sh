@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the map's tests and its multi-threaded stress test under
 # AddressSanitizer with LeakSanitizer on (nightly): a use after free, a double
-# free, an overflow or a leaked node in the map fails them.
+# free, an overflow or a leaked table or key in the map fails them.
 # `--target` keeps the sanitizer flags off build scripts and proc macros.
 set -euo pipefail
 cd "$(dirname "$0")/.."

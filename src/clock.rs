@@ -3,7 +3,7 @@
 //! | clock            | cost of a reading | resolution | safe when                                   |
 //! |------------------|-------------------|------------|---------------------------------------------|
 //! | [`QuantaClock`]  | one TSC read, scaled: cheaper than `Instant` | ~1 ns      | the TSC is invariant and synchronised across cores (any x86 server of the last decade; quanta falls back to `CLOCK_MONOTONIC` by itself where there is no usable TSC) |
-//! | [`RecentClock`]  | one atomic load: the cheapest | ~1 ms      | a decision may be up to one upkeep tick (1 ms) late: fine for quotas whose interval is much longer than 1 ms |
+//! | [`RecentClock`]  | one atomic load: the cheapest | [`RECENT_CLOCK_TICK`] | a decision may be up to one upkeep tick late: fine for quotas whose interval is much longer than that tick |
 //! | [`MonotonicClock`] | an OS clock read (`std::time::Instant`): the dearest | ~1 ns      | always: `std::time::Instant` is monotonic by contract; pick it where the TSC cannot be trusted (some VMs, old multi-socket boxes) |
 //! | [`ManualClock`]  | one atomic load   | exact      | tests and simulations: time moves only when you move it |
 //!
@@ -15,10 +15,17 @@
 //!
 //! TSC readings are not always monotonic across cores (governor users saw
 //! spurious denials from this, governor issue #299). GCRA is robust to it by
-//! construction: a reading `d` nanoseconds in the past can only make the
-//! bucket look *more* used (`TAT - now` grows by `d`), so it never grants a
-//! token, and it shifts the decision by at most `d`. The next correct reading
-//! restores exact behaviour; no state is corrupted.
+//! construction: on a bucket it finds, a reading `d` nanoseconds in the past
+//! can only make the bucket look *more* used (`TAT - now` grows by `d`), so
+//! it grants no token there, and it shifts the decision by at most `d`. The
+//! next correct reading restores exact behaviour; no state is corrupted.
+//!
+//! The one way a late reading can grant is through a bucket that is no
+//! longer there. A keyed limiter forgets a key as idle at one thread's
+//! reading; a check of that key whose reading is `d` behind starts a fresh
+//! bucket at its own reading, and so can admit at most `d / T` more
+//! requests than the quota (`T` the emission interval), once. The bound and
+//! why it holds are in [`keyed`](crate::keyed)'s "Clocks and eviction".
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -28,7 +35,8 @@ use crate::sync::{AtomicU64, Ordering};
 /// A source of time for a limiter: nanoseconds since this clock's origin.
 ///
 /// Readings should never decrease; if one does (see the module docs), the
-/// limiter denies rather than grants. Implement it for your own time source
+/// limiter denies rather than grants, except for the bounded extra a keyed
+/// limiter may admit on a key just evicted by a later reading. Implement it for your own time source
 /// (a simulation, a shared coarse clock) as needed.
 pub trait Clock: Send + Sync {
     /// Nanoseconds elapsed since this clock's origin.
@@ -70,14 +78,15 @@ impl Clock for QuantaClock {
 }
 
 /// `quanta`'s "recent" time: one shared value that an upkeep thread refreshes
-/// every millisecond, so a reading is a single load (figures:
+/// every [`RECENT_CLOCK_TICK`], so a reading is a single load (figures:
 /// `BENCHMARKS.md`).
 ///
 /// The upkeep thread is started once per process by the first `RecentClock`
 /// and runs until the process exits. If your program already runs a
 /// `quanta::Upkeep`, that one keeps the time current and none is started.
 /// Decisions are up to one tick late: use it where quotas have intervals far
-/// longer than a millisecond and every nanosecond of the check counts.
+/// longer than [`RECENT_CLOCK_TICK`] and every nanosecond of the check
+/// counts.
 #[derive(Clone, Debug)]
 pub struct RecentClock {
     clock: quanta::Clock,

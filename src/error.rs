@@ -88,17 +88,18 @@ pub enum CostError {
     /// silently allowed, since it is almost always a caller's bug.
     #[error("a cost of 0 tokens is not a request")]
     Zero,
-    /// The cost is larger than the limiter ever admits at once (a GCRA
-    /// bucket's burst, a window's limit).
+    /// The cost is larger than the limiter's capacity, the most it ever
+    /// admits at once: a GCRA bucket's burst, a window's or a log's limit,
+    /// and for several limits the smallest of theirs.
     #[error(
-        "a cost of {cost} tokens can never be met: at most {burst} pass at once \
-         (the burst, or a window's limit)"
+        "a cost of {cost} tokens can never be met: at most {capacity} pass at once \
+         (the limiter's capacity: a bucket's burst, a window's limit)"
     )]
-    ExceedsBurst {
+    ExceedsCapacity {
         /// The cost asked.
         cost: u64,
-        /// The most the limiter ever admits at once.
-        burst: u64,
+        /// The limiter's capacity: the most it ever admits at once.
+        capacity: u64,
     },
 }
 
@@ -153,7 +154,7 @@ pub enum BatchError {
         /// Costs given.
         costs: usize,
     },
-    /// One cost can never be met (0, or above the burst).
+    /// One cost can never be met (0, or above the capacity).
     #[error("the cost of key {index} of the batch (from 0): {source}")]
     Cost {
         /// The position of the first bad cost in the batch.

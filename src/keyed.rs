@@ -12,26 +12,27 @@
 //!   evictor claims the cell with a CAS to the tombstone; an update that
 //!   meets the tombstone goes back to the map and starts a fresh bucket,
 //!   so no update is ever applied to a cell being removed.
-//! - **Every millisecond of clock time**, the first `check` that notices it
-//!   sweeps 256 slots of the table for idle keys (or, while the
+//! - **Every `TICK` of clock time**, the first `check` that notices it
+//!   sweeps `SWEEP_SLOTS` slots of the table for idle keys (or, while the
 //!   table is being resized, copies that many slots instead). Every other
 //!   `check` pays one relaxed load of the next tick's time. After a
-//!   burst of keys goes idle, a table of `S` slots is swept in `S / 256` ms
-//!   of traffic: for a million idle `u64` keys (1.75M slots at the default
-//!   bound), the map is back to within a few kilobytes of its baseline
-//!   after about 17 s of traffic from a single user (measured in
-//!   `tests/keyed_memory.rs`).
-//! - **When a quarter of the table is dead weight, or it is four times
-//!   larger than the live keys need**, the sweep starts a migration to a
-//!   table sized for the live keys (`capacity_for` in `map::raw`), so
-//!   memory follows the live keys down as well as up. Inserts trigger the
-//!   same migration when the table is full to its fill limit (`fill_limit`
-//!   there), and each insert that meets a migration copies 64 slots of it.
+//!   burst of keys goes idle, a table of `S` slots is swept in
+//!   `S / SWEEP_SLOTS` ticks of traffic, from any single user, and the map
+//!   returns to within a few kilobytes of its baseline
+//!   (`tests/keyed_memory.rs` measures it for a million idle `u64` keys).
+//! - **When the table is mostly dead weight or far larger than the keys it
+//!   holds need** (the thresholds are `compact_if_sparse`'s, in
+//!   `map::raw::migrate`), the sweep starts a migration to a table sized
+//!   for those keys (`capacity_for` in `map::raw::table`), so memory
+//!   follows the keys down as well as up. Inserts trigger the same
+//!   migration when the table is full to its fill limit (`fill_limit`
+//!   there), and each insert that meets a migration copies one chunk of it
+//!   (`MIGRATION_CHUNK` slots, in `map::raw`).
 //! - **On demand**, [`KeyedLimiter::evict_idle`] sweeps everything at once.
 //! - **At `max_keys`**, a new key is admitted according to the
 //!   [`OverflowPolicy`]; the default evicts (one bucket per new key), among
 //!   the live keys on the lines the new key's lookup has just read (its
-//!   home cache line and the next, `EVICTION_LINES` in `map::raw`; never
+//!   home cache line and the next, `EVICTION_LINES` in `map::raw::evict`; never
 //!   fewer than two keys when the table holds two), the bucket closest to full:
 //!   it carries the least information, and under a flood of random keys it
 //!   is one of the flood's own single-request keys, not a busy user's.
@@ -77,8 +78,9 @@
 //!   the checks of that one key (and the end of that migration).
 //! - At `max_keys`, a check that finds no room for its key waits until no
 //!   insert is in flight among the keys that share its key's stripe (one
-//!   of 256, by hash; an insert is in flight from just before it takes its
-//!   place until its bucket is published), then looks its key up again
+//!   of `STRIPES`, by hash, in `map::inflight`; an insert is in flight
+//!   from just before it takes its place until its bucket is published),
+//!   then looks its key up again
 //!   before the overflow policy acts: the key may be on its way in. Those
 //!   inserts wait for nothing the waiting check holds. (So a key's `Eq`,
 //!   `ToOwned` and `Drop` must not check the limiter that holds the key:
@@ -87,14 +89,15 @@
 //!   fill limit,
 //!   while the old table's last chunks are claimed by a thread that the OS
 //!   has descheduled, yields until that thread finishes its chunk (at most
-//!   64 slots). [`KeyedLimiter::evict_idle`] likewise waits
+//!   `MIGRATION_CHUNK` slots). [`KeyedLimiter::evict_idle`] likewise waits
 //!   for claimed chunks.
 //! - At `max_keys` under [`OverflowPolicy::EvictFullest`], a new key takes
 //!   over the place of the one bucket it evicts (no other thread can take
 //!   that room), so each request evicts at most one bucket. It is refused
-//!   only if 16 attempts in a row find no bucket they can evict (each
-//!   victim updated or evicted by another thread first, or the room held
-//!   by inserts still in flight); it yields between attempts. An eviction
+//!   only if `ATTEMPTS` tries in a row (a constant of `admit`) find no
+//!   bucket they can evict (each victim updated or evicted by another
+//!   thread first, or the room held by inserts still in flight); it yields
+//!   between attempts. An eviction
 //!   made for a key never evicts that key's own bucket: the request is
 //!   decided on it instead.
 //!
@@ -102,10 +105,11 @@
 //!
 //! [`KeyedLimiter::check_batch`] and [`KeyedLimiter::check_batch_n`] decide
 //! a slice of keys in one call: one clock read and one pin for the batch,
-//! every key hashed and its home slot prefetched (32 keys at a time), then
-//! each key decided in slice order through the same code as a single check
-//! while the home slot of the key eight places ahead is
-//! prefetched, so the keys' cache misses overlap. Prefetches are
+//! every key hashed and its home slot prefetched (`LANES` keys at a time,
+//! in `keyed::batch`), then each key decided in slice order through the
+//! same code as a single check while the home slot of the key
+//! `PREFETCH_DISTANCE` places ahead is prefetched, so the keys' cache
+//! misses overlap. Prefetches are
 //! hints and change no state: the decisions are exactly those of checking
 //! the keys one by one in order at the batch's reading (repeats charged in
 //! order; inserts, idle eviction and `max_keys` as single checks do them).
@@ -171,7 +175,7 @@ pub(crate) const SWEEP_SLOTS: usize = 256;
 /// `evict_one_near`).
 pub(crate) const OVERFLOW_SAMPLE: usize = 8;
 /// The default bound on live keys. What it costs in memory (a table sized
-/// by `capacity_for` in `map::raw`, each slot a key beside its 8-byte
+/// by `capacity_for` in `map::raw::table`, each slot a key beside its 8-byte
 /// cell) is measured in `BENCHMARKS.md`.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
@@ -978,9 +982,9 @@ mod tests {
         assert_eq!(limiter.check_n(&1, 0), Err(CostError::Zero));
         assert_eq!(
             limiter.check_n(&1, 11),
-            Err(CostError::ExceedsBurst {
+            Err(CostError::ExceedsCapacity {
                 cost: 11,
-                burst: 10
+                capacity: 10
             })
         );
         assert_eq!(limiter.len(), 0, "an error changes nothing");

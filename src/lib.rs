@@ -48,8 +48,10 @@
 //! rounded up to whole nanoseconds, so rounding never admits more). A request
 //! of cost `n` at `now` passes iff `max(TAT, now) + n*T - now <= B*T`. Costs
 //! of 0 or above `B` are errors ([`CostError`]), not denials. Every operation
-//! saturates: no input panics or wraps into an allow, and a clock that goes
-//! backwards grants nothing (see [`clock`]).
+//! saturates: no input panics or wraps into an allow. A clock that goes
+//! backwards by `d` grants nothing on a bucket it finds; on a key that
+//! another thread's later reading has just evicted as idle, it can admit at
+//! most `d / T` more than the quota, once (see [`clock`] and [`keyed`]).
 //!
 //! # Consistency guarantees
 //!

@@ -112,9 +112,9 @@ impl<C: Clock> SlidingLog<C> {
     pub fn check_n(&self, n: u64) -> Result<Decision, CostError> {
         match n {
             0 => Err(CostError::Zero),
-            n if n > self.limit => Err(CostError::ExceedsBurst {
+            n if n > self.limit => Err(CostError::ExceedsCapacity {
                 cost: n,
-                burst: self.limit,
+                capacity: self.limit,
             }),
             n => Ok(self.decide(n)),
         }
@@ -317,13 +317,16 @@ mod tests {
         assert_eq!(log.check_n(0), Err(CostError::Zero));
         assert_eq!(
             log.check_n(4),
-            Err(CostError::ExceedsBurst { cost: 4, burst: 3 })
+            Err(CostError::ExceedsCapacity {
+                cost: 4,
+                capacity: 3
+            })
         );
         assert_eq!(
             log.check_n(u64::MAX),
-            Err(CostError::ExceedsBurst {
+            Err(CostError::ExceedsCapacity {
                 cost: u64::MAX,
-                burst: 3
+                capacity: 3
             })
         );
         assert!(log.check_n(3).unwrap().is_allowed());

@@ -18,7 +18,7 @@ use crate::sync::{AtomicU64, Ordering};
 /// let limiter = KeyedLimiter::<u64>::new("10/s".parse()?);
 /// let _ = limiter.check(&1);
 /// let stats = limiter.stats();
-/// assert_eq!(stats.live_keys, 1);
+/// assert_eq!(stats.keys_held, 1);
 /// assert!(stats.capacity >= 1);
 /// assert_eq!(stats.overflow_refusals, 0);
 /// # Ok::<(), turnstile_rl::QuotaError>(())
@@ -26,8 +26,11 @@ use crate::sync::{AtomicU64, Ordering};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
-    /// Keys tracked now (idle ones count until they are evicted).
-    pub live_keys: u64,
+    /// Keys the map holds now: the keys in use and the idle ones that
+    /// housekeeping has not swept yet (an idle key is a full bucket, the
+    /// same as none, but it holds its slot until it is evicted). Not a
+    /// count of active callers.
+    pub keys_held: u64,
     /// Slots in the map's current table.
     pub capacity: u64,
     /// The most keys tracked at once (`max_keys`).
@@ -46,24 +49,29 @@ pub struct Stats {
     pub overflow_untracked: u64,
     /// Keys removed by `reset` and `clear`.
     pub resets: u64,
-    /// Compare-and-swap retries taken by every limiter of this process (a
-    /// measure of contention on hot keys; process-wide, since counting per
-    /// limiter would add a shared write to every contended check).
-    pub cas_retries: u64,
+    /// Compare-and-swap retries taken by **every limiter of this process**
+    /// together, not by this one: every limiter's snapshot reads the same
+    /// figure, so never add it up over limiters. A measure of contention on
+    /// hot keys; process-wide, since counting per limiter would add a
+    /// shared write to every contended check.
+    pub process_cas_retries: u64,
 }
 
 impl Stats {
     /// Exports this snapshot through the `metrics` facade, labelled
-    /// `limiter = name`: gauges `turnstile_keys_live`,
+    /// `limiter = name`: gauges `turnstile_keys_held`,
     /// `turnstile_keys_capacity`, `turnstile_keys_max`, and counters
     /// `turnstile_evictions_total{reason="idle"|"overflow"|"reset"}`,
-    /// `turnstile_overflow_total{outcome="refused"|"untracked"}`,
-    /// `turnstile_cas_retries_total`. Call it from a periodic task.
+    /// `turnstile_overflow_total{outcome="refused"|"untracked"}`. Also the
+    /// process-wide counter `turnstile_process_cas_retries_total`
+    /// ([`process_cas_retries`](Self::process_cas_retries)), with no
+    /// `limiter` label since it is no one limiter's: every limiter's call
+    /// sets the same series. Call it from a periodic task.
     #[cfg(feature = "metrics")]
     pub fn record(&self, name: &str) {
         let name = name.to_owned();
-        metrics::gauge!("turnstile_keys_live", "limiter" => name.clone())
-            .set(self.live_keys as f64);
+        metrics::gauge!("turnstile_keys_held", "limiter" => name.clone())
+            .set(self.keys_held as f64);
         metrics::gauge!("turnstile_keys_capacity", "limiter" => name.clone())
             .set(self.capacity as f64);
         metrics::gauge!("turnstile_keys_max", "limiter" => name.clone()).set(self.max_keys as f64);
@@ -82,8 +90,7 @@ impl Stats {
             metrics::counter!("turnstile_overflow_total", "limiter" => name.clone(), "outcome" => outcome)
                 .absolute(value);
         }
-        metrics::counter!("turnstile_cas_retries_total", "limiter" => name)
-            .absolute(self.cas_retries);
+        metrics::counter!("turnstile_process_cas_retries_total").absolute(self.process_cas_retries);
     }
 }
 
@@ -151,7 +158,7 @@ impl Counters {
             overflow_refusals: load(&self.inner.overflow_refusals),
             overflow_untracked: load(&self.inner.overflow_untracked),
             resets: load(&self.inner.resets),
-            cas_retries: cas_retries(),
+            process_cas_retries: cas_retries(),
             ..Stats::default()
         }
     }

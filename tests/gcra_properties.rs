@@ -301,7 +301,7 @@ proptest! {
         let b = q.burst_size();
         match g.check(tat, now, cost) {
             Err(CostError::Zero) => prop_assert_eq!(cost, 0),
-            Err(CostError::ExceedsBurst { cost: c, burst }) => {
+            Err(CostError::ExceedsCapacity { cost: c, capacity: burst }) => {
                 prop_assert!(c == cost && burst == b && cost > b);
             }
             Err(other) => prop_assert!(false, "unexpected error {other:?}"),

@@ -16,7 +16,7 @@ fn four_threads_admit_exactly_the_strictest_limit() {
     let retries = || {
         turnstile_rl::KeyedLimiter::<u64>::new("1/s".parse().unwrap())
             .stats()
-            .cas_retries
+            .process_cas_retries
     };
     let before = retries();
     for (text, strictest) in [

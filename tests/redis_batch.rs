@@ -327,7 +327,10 @@ async fn bad_batches_are_refused_before_anything_is_sent() -> TestResult {
         limiter.check_batch_n(&["a", "b"], &[6, 1], &mut out).await,
         Err(RedisLimitError::Batch(BatchError::Cost {
             index: 0,
-            source: CostError::ExceedsBurst { cost: 6, burst: 5 }
+            source: CostError::ExceedsCapacity {
+                cost: 6,
+                capacity: 5
+            }
         }))
     );
     let long = vec![b'x'; MAX_KEY_BYTES + 1];

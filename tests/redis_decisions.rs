@@ -225,9 +225,9 @@ async fn bad_input_gets_typed_errors_and_sends_nothing() -> TestResult {
     assert_eq!(limiter.check_n("k", 0).await, Err(CostError::Zero.into()));
     assert_eq!(
         limiter.check_n("k", 11).await,
-        Err(CostError::ExceedsBurst {
+        Err(CostError::ExceedsCapacity {
             cost: 11,
-            burst: 10
+            capacity: 10
         }
         .into())
     );

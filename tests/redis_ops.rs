@@ -150,9 +150,9 @@ async fn bad_input_is_a_typed_error() -> TestResult {
     assert_eq!(redis.peek_n("k", 0).await, Err(CostError::Zero.into()));
     assert_eq!(
         redis.refund("k", 11).await,
-        Err(CostError::ExceedsBurst {
+        Err(CostError::ExceedsCapacity {
             cost: 11,
-            burst: 10
+            capacity: 10
         }
         .into())
     );
@@ -160,7 +160,11 @@ async fn bad_input_is_a_typed_error() -> TestResult {
     let multi = redis.multi("10/s; 5/min".parse()?)?;
     assert_eq!(
         multi.check_n("k", 6).await,
-        Err(CostError::ExceedsBurst { cost: 6, burst: 5 }.into())
+        Err(CostError::ExceedsCapacity {
+            cost: 6,
+            capacity: 5
+        }
+        .into())
     );
     assert_eq!(multi.refund("", 1).await, Err(RedisLimitError::EmptyKey));
     assert!(

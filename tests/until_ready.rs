@@ -49,7 +49,10 @@ async fn impossible_costs_fail_at_once_instead_of_waiting_forever() {
     let limiter = DirectLimiter::with_clock(quota("10/s burst 2"), clock);
     assert_eq!(
         limiter.until_n_ready(3).await,
-        Err(CostError::ExceedsBurst { cost: 3, burst: 2 })
+        Err(CostError::ExceedsCapacity {
+            cost: 3,
+            capacity: 2
+        })
     );
     assert_eq!(limiter.until_n_ready(0).await, Err(CostError::Zero));
     let keyed = KeyedLimiter::<u64, _>::builder(quota("10/s burst 2"))
@@ -57,7 +60,10 @@ async fn impossible_costs_fail_at_once_instead_of_waiting_forever() {
         .build();
     assert_eq!(
         keyed.until_n_ready(&1, 3).await,
-        Err(CostError::ExceedsBurst { cost: 3, burst: 2 })
+        Err(CostError::ExceedsCapacity {
+            cost: 3,
+            capacity: 2
+        })
     );
     assert_eq!(clock.0.elapsed(), Duration::ZERO);
     // The refused costs took nothing: the full burst is still there.

@@ -7,7 +7,7 @@ use clap::Args;
 use turnstile_rl::{Decision, MultiLimiter, QuantaClock, Quota, Quotas};
 
 use super::limiter::Algorithm;
-use super::UsageError;
+use super::CliError;
 
 /// The longest a `check` run may take (requests x interval).
 const MAX_RUN: Duration = Duration::from_secs(600);
@@ -74,11 +74,11 @@ fn parse_interval(text: &str) -> Result<Duration, String> {
 }
 
 /// Runs the checks and prints one line per decision.
-pub(crate) fn run(args: &CheckArgs, out: &mut impl Write) -> Result<(), UsageError> {
+pub(crate) fn run(args: &CheckArgs, out: &mut impl Write) -> Result<(), CliError> {
     let quotas: Quotas = args.quota.join(";").parse()?;
     if quotas.len() > 1 {
         if args.algorithm != Algorithm::Gcra {
-            return Err(UsageError::SeveralQuotasNeedGcra);
+            return Err(CliError::SeveralQuotasNeedGcra);
         }
         return run_multi(args, quotas, out);
     }
@@ -104,7 +104,7 @@ pub(crate) fn run(args: &CheckArgs, out: &mut impl Write) -> Result<(), UsageErr
 }
 
 /// `check` with several quotas: one `MultiLimiter`.
-fn run_multi(args: &CheckArgs, quotas: Quotas, out: &mut impl Write) -> Result<(), UsageError> {
+fn run_multi(args: &CheckArgs, quotas: Quotas, out: &mut impl Write) -> Result<(), CliError> {
     check_run_time(args)?;
     writeln!(out, "quotas \"{quotas}\" (GCRA, all must admit):")?;
     for (i, quota) in quotas.as_slice().iter().enumerate() {
@@ -122,10 +122,10 @@ fn run_multi(args: &CheckArgs, quotas: Quotas, out: &mut impl Write) -> Result<(
     })
 }
 
-fn check_run_time(args: &CheckArgs) -> Result<(), UsageError> {
+fn check_run_time(args: &CheckArgs) -> Result<(), CliError> {
     let run_time = args.interval.saturating_mul(args.requests - 1);
     if run_time > MAX_RUN {
-        return Err(UsageError::RunTooLong {
+        return Err(CliError::RunTooLong {
             requests: args.requests,
             interval: args.interval,
             run_time,
@@ -142,7 +142,7 @@ fn paced(
     out: &mut impl Write,
     multi: bool,
     check: impl Fn() -> (Decision, usize),
-) -> Result<(), UsageError> {
+) -> Result<(), CliError> {
     write!(
         out,
         "{:>6}  {:>10}  {:<8}  {:>9}  {:>14}  {:>14}",

@@ -19,7 +19,7 @@ use clap::Args;
 use turnstile_rl::redis::{BreakerConfig, FailurePolicy, RedisLimiter};
 use turnstile_rl::{KeyedLimiter, Quota};
 
-use super::UsageError;
+use super::CliError;
 use turnstile_test_kit::redis_server::RedisServer;
 
 /// Flags of `turnstile fleet`.
@@ -48,7 +48,7 @@ pub(crate) struct FleetArgs {
 }
 
 /// Runs the demo and prints its tables.
-pub(crate) fn run(args: &FleetArgs, out: &mut impl Write) -> Result<(), UsageError> {
+pub(crate) fn run(args: &FleetArgs, out: &mut impl Write) -> Result<(), CliError> {
     let quota: Quota = args.quota.parse()?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -79,7 +79,7 @@ async fn share(
     quota: Quota,
     url: &str,
     out: &mut impl Write,
-) -> Result<(), UsageError> {
+) -> Result<(), CliError> {
     let users = args.users as usize;
     let admitted: Arc<Vec<AtomicU64>> = Arc::new((0..users).map(|_| AtomicU64::new(0)).collect());
     let denied: Arc<Vec<AtomicU64>> = Arc::new((0..users).map(|_| AtomicU64::new(0)).collect());
@@ -95,6 +95,21 @@ async fn share(
                 .build()
                 .await?,
         ));
+    }
+    // One question before the gateways start: a Redis that does not answer
+    // is an outage to report (exit status 69), not a run of fallbacks.
+    if let Some(first) = gateways.first() {
+        match first.peek("probe").await {
+            Err(turnstile_rl::redis::RedisLimitError::Unavailable(source)) => {
+                return Err(CliError::RedisUnavailable {
+                    url: url.to_owned(),
+                    source,
+                });
+            }
+            other => {
+                let _ = other?;
+            }
+        }
     }
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.seconds);
@@ -179,7 +194,7 @@ async fn outage(
     quota: Quota,
     server: &mut RedisServer,
     out: &mut impl Write,
-) -> Result<(), UsageError> {
+) -> Result<(), CliError> {
     let timeout = Duration::from_millis(args.timeout_ms);
     let cool_down = Duration::from_millis(500);
     let gateways = u64::from(args.gateways);

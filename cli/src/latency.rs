@@ -20,7 +20,7 @@ use turnstile_rl::{Decision, KeyedLimiter, QuantaClock, Quota};
 use turnstile_test_kit::reference::SeedTokenBucket;
 
 use super::limiter::Algorithm;
-use super::UsageError;
+use super::CliError;
 
 /// The most checks per row: every sample is kept (8 bytes each) to sort
 /// for the percentiles, so this bounds memory at 160 MB.
@@ -47,8 +47,8 @@ const KEYED_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// The keyed rows visit key `i * WALK_STRIDE mod n` at check `i`: coprime
 /// with both key counts, so every key is visited, and large, so the walk is
-/// not the insertion order (which would hand the nodes of a map that
-/// allocates them one by one a prefetch-friendly walk).
+/// not the insertion order (which would hand a map that allocates its
+/// entries one by one, in order, a prefetch-friendly walk).
 const WALK_STRIDE: u64 = 654_321;
 
 /// Flags of `turnstile latency` (and of `turnstile` without a subcommand).
@@ -539,14 +539,14 @@ fn row(out: &mut impl Write, label: &str, threads: usize, s: &Stats) -> std::io:
 }
 
 /// Runs the latency table.
-pub(crate) fn run(args: &LatencyArgs, out: &mut impl Write) -> Result<(), UsageError> {
+pub(crate) fn run(args: &LatencyArgs, out: &mut impl Write) -> Result<(), CliError> {
     let cores = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
     let many = match args.threads {
         Some(n) => usize::try_from(n)?,
         None => cores,
     };
     if (many as u64) > args.checks {
-        return Err(UsageError::FewerChecksThanThreads {
+        return Err(CliError::FewerChecksThanThreads {
             checks: args.checks,
             threads: many,
         });

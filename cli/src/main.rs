@@ -12,7 +12,10 @@
 //!   through Redis, and the failure policies while Redis is stopped.
 //!
 //! `turnstile --help` (and `--help` on each subcommand) documents every flag.
-//! Usage errors exit with status 2, as clap's do.
+//! Exit status: 0 on success (and when standard output is closed early), 2
+//! for a usage error (a bad flag, as clap's, or a bad value), 69 when Redis
+//! did not answer, 70 for an internal failure, 74 for an I/O error: the
+//! constants in `error.rs`, printed by `--help`.
 //!
 //! The flags are clap derive; each subcommand is its own module.
 
@@ -29,15 +32,17 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// Exit status for a usage error (a bad quota, a bad interval), as clap uses.
-const USAGE_ERROR: u8 = 2;
-
 /// turnstile: a lock-free, in-process rate limiter (GCRA in one AtomicU64).
 ///
 /// Without a subcommand, prints the seed scenarios table and then the
 /// latency table (the flags below are the `latency` flags).
 #[derive(Debug, Parser)]
-#[command(name = "turnstile", version, args_conflicts_with_subcommands = true)]
+#[command(
+    name = "turnstile",
+    version,
+    args_conflicts_with_subcommands = true,
+    after_help = EXIT_STATUS
+)]
 struct Cli {
     /// What to run; both tables when omitted.
     #[command(subcommand)]
@@ -66,17 +71,22 @@ enum Command {
     Fleet(fleet::FleetArgs),
 }
 
-use error::UsageError;
+use error::CliError;
+
+/// The exit statuses, for `--help` (each number is its constant's in
+/// `error.rs`; a test holds the two together).
+const EXIT_STATUS: &str = "Exit status: 0 success; 2 usage error (a bad flag or value); \
+69 Redis did not answer (fleet); 70 internal failure; 74 I/O error.";
 
 /// Parses the command line, runs the command, and maps failures to an exit
-/// status: clap's own for bad flags, 2 for bad values, 0 otherwise.
+/// status ([`CliError::exit_code`]): clap's own for bad flags, 0 on success.
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let stdout = io::stdout();
     let mut out = stdout.lock();
     let result = match cli.command {
         None => scenarios::run(&mut out)
-            .and_then(|()| writeln!(out).map_err(UsageError::from))
+            .and_then(|()| writeln!(out).map_err(CliError::from))
             .and_then(|()| latency::run(&cli.latency, &mut out)),
         Some(Command::Scenarios) => scenarios::run(&mut out),
         Some(Command::Latency(args)) => latency::run(&args, &mut out),
@@ -90,7 +100,7 @@ fn main() -> ExitCode {
         Err(error) if error.is_silent() => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error}");
-            ExitCode::from(USAGE_ERROR)
+            ExitCode::from(error.exit_code())
         }
     }
 }
@@ -103,6 +113,22 @@ mod tests {
     #[test]
     fn the_command_line_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn help_states_the_exit_statuses_the_constants_hold() {
+        use error::{EXIT_IO, EXIT_SOFTWARE, EXIT_UNAVAILABLE, EXIT_USAGE};
+        for (code, what) in [
+            (EXIT_USAGE, "usage error"),
+            (EXIT_UNAVAILABLE, "Redis did not answer"),
+            (EXIT_SOFTWARE, "internal failure"),
+            (EXIT_IO, "I/O error"),
+        ] {
+            assert!(
+                EXIT_STATUS.contains(&format!("{code} {what}")),
+                "{code} {what}"
+            );
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ use turnstile_rl::{ManualClock, Quota};
 use turnstile_test_kit::reference::SeedTokenBucket;
 
 use super::limiter::Algorithm;
-use super::UsageError;
+use super::CliError;
 
 /// The rows of the table, in order: the limiter factory's algorithms, then
 /// the seeds' reference bucket.
@@ -210,7 +210,7 @@ pub(crate) fn run_one(row: Row, scenario: &Scenario) -> Result<Outcome, String> 
 }
 
 /// Prints the scenarios table and its footnotes.
-pub(crate) fn run(out: &mut impl Write) -> Result<(), UsageError> {
+pub(crate) fn run(out: &mut impl Write) -> Result<(), CliError> {
     writeln!(
         out,
         "Seed scenarios: admitted/denied, on a ManualClock (exact, deterministic)"

@@ -1,6 +1,6 @@
 //! The `turnstile` binary, run as a user runs it: the exact figures of the
 //! seed scenarios (the tutorials' worked examples, see
-//! `turnstile_test_kit::reference`) in `scenarios`, usage errors with exit status 2 and a message, and a small
+//! `turnstile_test_kit::reference`) in `scenarios`, usage errors with exit status 2 and a message, an I/O error with 74, and a small
 //! latency run that prints every row. No assertion is ever made on a time.
 
 use std::process::{Command, Output};
@@ -110,6 +110,33 @@ fn zero_or_absurd_checks_are_clear_errors_not_panics() {
         assert_eq!(output.status.code(), Some(2), "{args:?}: {message}");
         assert!(message.contains("error"), "{args:?}: {message}");
         assert!(!message.contains("panicked"), "{args:?}: {message}");
+    }
+}
+
+/// An output that cannot be written is an I/O error, exit status 74, not a
+/// usage error: the command line was fine.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_unwritable_output_exits_74() {
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full opens");
+    let output = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .arg("scenarios")
+        .stdout(full)
+        .output()
+        .expect("the turnstile binary runs");
+    let message = stderr(&output);
+    assert_eq!(output.status.code(), Some(74), "{message}");
+    assert!(message.starts_with("error: "), "{message}");
+}
+
+#[test]
+fn help_lists_the_exit_statuses() {
+    let help = stdout(&turnstile(&["--help"]));
+    for status in ["0 success", "2 usage error", "69 Redis", "74 I/O error"] {
+        assert!(help.contains(status), "{status}: {help}");
     }
 }
 

@@ -53,11 +53,30 @@ fn fleet_with_its_own_server_stays_within_the_limit_and_shows_each_policy() {
 }
 
 #[test]
-fn fleet_with_an_unreachable_url_says_so() {
+fn fleet_with_a_malformed_url_is_a_usage_error() {
     let output = Command::new(env!("CARGO_BIN_EXE_turnstile"))
         .args(["fleet", "--redis", "not-a-url", "--seconds", "1"])
         .output()
         .expect("the turnstile binary runs");
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("error:"));
+}
+
+/// A Redis that does not answer is an outage, exit status 69, told apart
+/// from a usage error (2, above) so a script knows a retry may help.
+#[test]
+fn fleet_with_no_redis_listening_exits_69() {
+    // A loopback port that nothing listens on once the listener is gone.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free loopback port")
+        .port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let output = Command::new(env!("CARGO_BIN_EXE_turnstile"))
+        .args(["fleet", "--redis", &url, "--seconds", "1"])
+        .output()
+        .expect("the turnstile binary runs");
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(69), "{message}");
+    assert!(message.contains("did not answer"), "{message}");
 }

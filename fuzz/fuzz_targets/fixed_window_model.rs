@@ -58,9 +58,9 @@ fn model(
         return Err(CostError::Zero);
     }
     if u128::from(cost) > limit {
-        return Err(CostError::ExceedsBurst {
+        return Err(CostError::ExceedsCapacity {
             cost,
-            burst: sat(limit),
+            capacity: sat(limit),
         });
     }
     let now128 = u128::from(now);

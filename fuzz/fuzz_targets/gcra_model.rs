@@ -37,7 +37,10 @@ fn model(t: u64, burst: u64, tat: u64, now: u64, cost: u64) -> Result<Expected, 
         return Err(CostError::Zero);
     }
     if cost > burst {
-        return Err(CostError::ExceedsBurst { cost, burst });
+        return Err(CostError::ExceedsCapacity {
+            cost,
+            capacity: burst,
+        });
     }
     let (t, tau, now) = (
         u128::from(t),

@@ -76,7 +76,10 @@ fuzz_target!(|input: Input| {
         let expected = if cost == 0 {
             Err(CostError::Zero)
         } else if cost > limit {
-            Err(CostError::ExceedsBurst { cost, burst: limit })
+            Err(CostError::ExceedsCapacity {
+                cost,
+                capacity: limit,
+            })
         } else if used + cost <= limit {
             Ok(Expected {
                 allowed: true,

@@ -130,9 +130,9 @@ impl Model {
         }
         let n = u128::from(cost);
         if n > self.limit {
-            return Err(CostError::ExceedsBurst {
+            return Err(CostError::ExceedsCapacity {
                 cost,
-                burst: sat(self.limit),
+                capacity: sat(self.limit),
             });
         }
         let now = u128::from(now);

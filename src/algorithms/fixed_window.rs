@@ -170,9 +170,9 @@ impl Algorithm for FixedWindow {
     fn check_cost(&self, cost: u64) -> Result<(), CostError> {
         match cost {
             0 => Err(CostError::Zero),
-            n if n > self.limit => Err(CostError::ExceedsBurst {
+            n if n > self.limit => Err(CostError::ExceedsCapacity {
                 cost: n,
-                burst: self.limit,
+                capacity: self.limit,
             }),
             _ => Ok(()),
         }
@@ -324,16 +324,16 @@ mod tests {
         assert_eq!(w.limit(), 10);
         assert_eq!(
             w.check(0, 0, 11),
-            Err(CostError::ExceedsBurst {
+            Err(CostError::ExceedsCapacity {
                 cost: 11,
-                burst: 10
+                capacity: 10
             })
         );
         assert_eq!(
             w.check(0, 0, u64::MAX),
-            Err(CostError::ExceedsBurst {
+            Err(CostError::ExceedsCapacity {
                 cost: u64::MAX,
-                burst: 10
+                capacity: 10
             })
         );
         assert!(w.check(0, 0, 10).unwrap().decision.is_allowed());

@@ -132,9 +132,9 @@ impl Algorithm for Gcra {
     fn check_cost(&self, cost: u64) -> Result<(), CostError> {
         match cost {
             0 => Err(CostError::Zero),
-            n if n > self.burst.get() => Err(CostError::ExceedsBurst {
+            n if n > self.burst.get() => Err(CostError::ExceedsCapacity {
                 cost: n,
-                burst: self.burst.get(),
+                capacity: self.burst.get(),
             }),
             _ => Ok(()),
         }
@@ -243,9 +243,9 @@ mod tests {
         assert_eq!(g.check(0, 0, 0), Err(CostError::Zero));
         assert_eq!(
             g.check(0, 0, 11),
-            Err(CostError::ExceedsBurst {
+            Err(CostError::ExceedsCapacity {
                 cost: 11,
-                burst: 10
+                capacity: 10
             })
         );
         assert!(g.check(0, 0, 10).unwrap().decision.is_allowed());

@@ -299,9 +299,9 @@ impl Algorithm for SlidingWindow {
     fn check_cost(&self, cost: u64) -> Result<(), CostError> {
         match cost {
             0 => Err(CostError::Zero),
-            n if n > self.limit => Err(CostError::ExceedsBurst {
+            n if n > self.limit => Err(CostError::ExceedsCapacity {
                 cost: n,
-                burst: self.limit,
+                capacity: self.limit,
             }),
             _ => Ok(()),
         }
@@ -478,9 +478,9 @@ mod tests {
         assert_eq!(w.check(0, 0, 0), Err(CostError::Zero));
         assert_eq!(
             w.check(0, 0, 11),
-            Err(CostError::ExceedsBurst {
+            Err(CostError::ExceedsCapacity {
                 cost: 11,
-                burst: 10
+                capacity: 10
             })
         );
         assert!(w.check(0, 0, u64::MAX).is_err());

@@ -87,9 +87,10 @@ enum Source {
 /// # Missing and malformed keys
 ///
 /// No header, an empty, non-text (bytes outside visible ASCII) or oversized
-/// value ([`KeyExtractor::max_len`], default 256 bytes), a missing
-/// extension, or a forwarded header from a trusted proxy that cannot be
-/// read (not an address, nor an unnamed client as above): each is a
+/// value ([`KeyExtractor::max_len`], by default [`DEFAULT_MAX_KEY_LEN`]
+/// bytes), a missing extension, or a forwarded header from a trusted
+/// proxy that cannot be read (not an address, nor an unnamed client as
+/// above): each is a
 /// [`KeyError`], handled by [`OnBadKey`]:
 ///
 /// - [`OnBadKey::Reject`] (the default, with `400 Bad Request`): the

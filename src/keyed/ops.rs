@@ -61,7 +61,7 @@ where
     ///
     /// let limiter = KeyedLimiter::<u64>::new("10/s".parse()?);
     /// assert!(limiter.peek_n(&7, 10).unwrap().is_allowed());
-    /// assert!(matches!(limiter.peek_n(&7, 11), Err(CostError::ExceedsBurst { .. })));
+    /// assert!(matches!(limiter.peek_n(&7, 11), Err(CostError::ExceedsCapacity { .. })));
     /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
     pub fn peek_n<Q>(&self, key: &Q, n: u64) -> Result<Decision, CostError>
@@ -133,8 +133,9 @@ where
         removed
     }
 
-    /// The limiter's gauges and counters: live keys, capacity, evictions
-    /// (idle, overflow), overflow refusals, CAS retries. See [`Stats`].
+    /// The limiter's gauges and counters: keys held (idle ones included
+    /// until swept), capacity, evictions (idle, overflow), overflow
+    /// refusals, and the process-wide CAS retries. See [`Stats`].
     ///
     /// ```
     /// use turnstile_rl::{KeyedLimiter, OverflowPolicy};
@@ -146,12 +147,12 @@ where
     /// let _ = limiter.check(&1);
     /// assert!(limiter.check(&2).is_denied());
     /// let stats = limiter.stats();
-    /// assert_eq!((stats.live_keys, stats.max_keys, stats.overflow_refusals), (1, 1, 1));
+    /// assert_eq!((stats.keys_held, stats.max_keys, stats.overflow_refusals), (1, 1, 1));
     /// # Ok::<(), turnstile_rl::QuotaError>(())
     /// ```
     pub fn stats(&self) -> Stats {
         Stats {
-            live_keys: self.len() as u64,
+            keys_held: self.len() as u64,
             capacity: self.capacity() as u64,
             max_keys: self.max_keys as u64,
             ..self.counters.snapshot()

@@ -422,9 +422,9 @@ fn check_cost(gcras: &[Gcra], n: u64) -> Result<(), CostError> {
         .map(|gcra| gcra.check_cost(n))
         .find(Result::is_err)
     {
-        Some(Err(CostError::ExceedsBurst { cost, .. })) => Err(CostError::ExceedsBurst {
+        Some(Err(CostError::ExceedsCapacity { cost, .. })) => Err(CostError::ExceedsCapacity {
             cost,
-            burst: gcras
+            capacity: gcras
                 .iter()
                 .map(|g| g.quota().burst_size())
                 .min()
@@ -502,7 +502,7 @@ impl<C: Clock> MultiLimiter<C> {
     /// assert_eq!(limiter.check_n(5).unwrap().decision().remaining(), 15);
     /// assert_eq!(
     ///     limiter.check_n(21),
-    ///     Err(CostError::ExceedsBurst { cost: 21, burst: 20 })
+    ///     Err(CostError::ExceedsCapacity { cost: 21, capacity: 20 })
     /// );
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -640,7 +640,7 @@ impl<C: Clock> MultiLimiter<C> {
 /// assert!(d.is_allowed());
 /// assert_eq!((d.binding(), d.decision().remaining()), (0, 19));
 /// assert!(limiter.peek("bob").is_allowed());
-/// assert_eq!(limiter.stats().live_keys, 2, "alice, in each of two limits");
+/// assert_eq!(limiter.stats().keys_held, 2, "alice, in each of two limits");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
@@ -892,7 +892,7 @@ where
         self.limits.iter().map(KeyedLimiter::evict_idle).sum()
     }
 
-    /// The limits' gauges and counters added up: `live_keys` counts
+    /// The limits' gauges and counters added up: `keys_held` counts
     /// buckets (a key tracked by each of two limits counts twice),
     /// `capacity` the slots of every limit's table, `max_keys` the bound of
     /// every limit together; each limit's own figures are in
@@ -908,7 +908,7 @@ where
     /// let _ = limiter.check(&1);
     /// assert!(limiter.check(&2).is_denied(), "no room in the first limit");
     /// let stats = limiter.stats();
-    /// assert_eq!((stats.live_keys, stats.max_keys, stats.overflow_refusals), (2, 2, 1));
+    /// assert_eq!((stats.keys_held, stats.max_keys, stats.overflow_refusals), (2, 2, 1));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn stats(&self) -> Stats {
@@ -916,7 +916,7 @@ where
             .iter()
             .map(KeyedLimiter::stats)
             .fold(Stats::default(), |sum, one| Stats {
-                live_keys: sum.live_keys + one.live_keys,
+                keys_held: sum.keys_held + one.keys_held,
                 capacity: sum.capacity + one.capacity,
                 max_keys: sum.max_keys + one.max_keys,
                 idle_evictions: sum.idle_evictions + one.idle_evictions,
@@ -925,7 +925,7 @@ where
                 overflow_untracked: sum.overflow_untracked + one.overflow_untracked,
                 resets: sum.resets + one.resets,
                 // Process-wide already: the same figure in every limit.
-                cas_retries: one.cas_retries,
+                process_cas_retries: one.process_cas_retries,
             })
     }
 

@@ -1,6 +1,6 @@
 -- turnstile: GCRA in integer microseconds, atomic in Redis.
 -- The contract (argument meanings, reply, why microseconds) is in
--- src/redis/script.rs; the algorithm is src/gcra.rs, term for term.
+-- src/redis/script.rs; the algorithm is src/algorithms/gcra.rs, term for term.
 --
 -- One call decides k >= 1 requests, in order, at one `now`: a single check
 -- is k = 1, a batch is its keys (on a Cluster, those of one hash slot). A

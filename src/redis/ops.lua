@@ -1,6 +1,6 @@
 -- turnstile: peek, refund, reset, and several limits on one key, in one
 -- atomic call. The contract is in src/redis/ops.rs; the arithmetic is
--- gcra.lua's (and src/gcra.rs's), in integer microseconds.
+-- gcra.lua's (and src/algorithms/gcra.rs's), in integer microseconds.
 --
 -- KEYS[i]      the bucket of limit i (all in one hash slot)
 -- ARGV[1]      'check' | 'peek' | 'refund' | 'reset'

@@ -319,9 +319,9 @@ impl Limits {
         let min = self.quotas.min_burst();
         match n {
             0 => Err(CostError::Zero.into()),
-            n if n > min => Err(CostError::ExceedsBurst {
+            n if n > min => Err(CostError::ExceedsCapacity {
                 cost: n,
-                burst: min,
+                capacity: min,
             }
             .into()),
             _ => Ok(()),

@@ -194,7 +194,7 @@ async fn metrics_count_hits_near_and_over_the_limit_and_the_engine() {
     assert_eq!(series("within_limit"), 5.0);
     assert_eq!(series("near_limit"), 1.0);
     assert_eq!(
-        sample(&text, "turnstile_keys_live{limiter=\"a.user\"}"),
+        sample(&text, "turnstile_keys_held{limiter=\"a.user\"}"),
         Some(1.0),
         "the engine's gauges:\n{text}"
     );
