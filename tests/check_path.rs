@@ -72,7 +72,7 @@ fn keyed_rollbacks_racing_clear_and_eviction_admit_once_per_bucket() {
             done.store(true, Ordering::Relaxed);
         });
         let last = limiter.limits()[1].stats();
-        let held = last.live_keys + last.overflow_evictions + last.resets + last.idle_evictions;
+        let held = last.keys_held + last.overflow_evictions + last.resets + last.idle_evictions;
         assert_eq!(
             admitted.load(Ordering::Relaxed),
             held,
