@@ -592,7 +592,7 @@ proptest! {
     /// `SeedTokenBucket` is the same f64 arithmetic as the inline model
     /// above, bit for bit, so (c) speaks about the reference type itself.
     #[test]
-    fn seed_token_bucket_is_the_inline_f64_model(
+    fn the_reference_token_bucket_is_the_inline_f64_model(
         ((q, rate), (start, timeline)) in exact_quota().prop_flat_map(|(q, rate)| {
             (Just((q, rate)), f64_timeline(turnstile_rl::__private::interval_nanos(&q), q.burst_size(), 32))
         })

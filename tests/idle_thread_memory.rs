@@ -1,3 +1,4 @@
+// Own binary: it measures what parked threads keep alive; other tests' threads would blur it.
 //! Memory stays bounded whatever other threads do (issue 22): a thread that
 //! checked a limiter once and then sleeps forever (a parked worker) keeps
 //! none of its retired tables alive, nor a dropped limiter's. Measured by a

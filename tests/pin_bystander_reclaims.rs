@@ -1,3 +1,4 @@
+// Own binary: a bystander's checks alone must free the tables; no other thread may pin or reclaim.
 //! The pin's memory bound (`src/map/pin.rs`): the retiring
 //! thread reclaims at once, but a reader is pinned (blocked in a key's
 //! `Hash`), so the batch must wait; then the retiring thread parks for

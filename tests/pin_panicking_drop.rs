@@ -1,3 +1,4 @@
+// Own binary: it counts one panic out of a pile on the process-wide retired stack.
 //! A key whose `Drop` panics while a reclaimer frees a batch of several
 //! retired tables (`src/map/pin.rs`): the panic unwinds out of the walk of
 //! the batch's chain, and the tables after the panicking one go back on

@@ -1,7 +1,7 @@
-//! The seed scenarios, exact, on a manual clock, with every figure of every
-//! `Decision` checked: the worked examples of the rate-limiting tutorials
-//! this project started from (see `turnstile_test_kit::reference`), replayed on
-//! turnstile's limiters and on the tutorials' own `f64` token bucket.
+//! The worked examples of the rate-limiting tutorials this project started
+//! from (see `turnstile_test_kit::reference`), exact, on a manual clock, with
+//! every figure of every `Decision` checked: replayed on turnstile's limiters
+//! and on the tutorials' own `f64` token bucket.
 //!
 //! Capacity 5 refilled at 2/s is `Quota::per_second(2)?.burst(5)?`: one token
 //! every `T = 500 ms`, tolerance `tau = B * T = 2.5 s`.
@@ -102,7 +102,8 @@ fn retry_after_is_exact_the_denied_request_passes_then_and_not_a_nanosecond_befo
 }
 
 #[test]
-fn the_seeds_f64_token_bucket_makes_the_same_decisions() -> Result<(), Box<dyn std::error::Error>> {
+fn the_tutorials_f64_token_bucket_makes_the_same_decisions(
+) -> Result<(), Box<dyn std::error::Error>> {
     let (limiter, clock) = capacity_5_at_2_per_second()?;
     let seed = SeedTokenBucket::<String, _>::with_clock(5.0, 2.0, clock.clone())?;
     for (advance, requests) in [(0, 7), (1_100, 3), (400, 2), (10_000, 6)] {
