@@ -19,7 +19,7 @@
 //!   burst of keys goes idle, a table of `S` slots is swept in
 //!   `S / SWEEP_SLOTS` ticks of traffic, from any single user, and the map
 //!   returns to within a few kilobytes of its baseline
-//!   (`tests/keyed_memory.rs` measures it for a million idle `u64` keys).
+//!   (`tests/map/memory.rs` measures it for a million idle `u64` keys).
 //! - **When the table is mostly dead weight or far larger than the keys it
 //!   holds need** (the thresholds are `compact_if_sparse`'s, in
 //!   `map::raw::migrate`), the sweep starts a migration to a table sized
