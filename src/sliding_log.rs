@@ -85,22 +85,47 @@ impl SlidingLog {
     /// A sliding log of `quota.count()` requests per `quota.period()` (the
     /// burst does not apply), on the default clock.
     pub fn new(quota: Quota) -> Self {
-        Self::with_clock(quota, DefaultClock::new())
+        Self::builder(quota).build()
+    }
+
+    /// A builder to choose the clock, as the other limiters' builders do.
+    pub fn builder(quota: Quota) -> SlidingLogBuilder {
+        SlidingLogBuilder {
+            quota,
+            clock: DefaultClock::new(),
+        }
     }
 }
 
-impl<C: Clock> SlidingLog<C> {
-    /// A sliding log of `quota.count()` requests per `quota.period()` (the
-    /// burst does not apply), on `clock`.
-    pub fn with_clock(quota: Quota, clock: C) -> Self {
-        SlidingLog {
-            limit: quota.count(),
-            window: quota.period_nanos(),
-            log: Mutex::new(Log::default()),
+/// Builds a [`SlidingLog`]: `SlidingLog::builder(quota)`.
+#[derive(Debug)]
+pub struct SlidingLogBuilder<C = DefaultClock> {
+    quota: Quota,
+    clock: C,
+}
+
+impl<C: Clock> SlidingLogBuilder<C> {
+    /// Reads time from `clock` (a [`ManualClock`](crate::ManualClock) in tests).
+    pub fn clock<C2: Clock>(self, clock: C2) -> SlidingLogBuilder<C2> {
+        SlidingLogBuilder {
+            quota: self.quota,
             clock,
         }
     }
 
+    /// The log, empty: `quota.count()` requests per `quota.period()` (the
+    /// burst does not apply).
+    pub fn build(self) -> SlidingLog<C> {
+        SlidingLog {
+            limit: self.quota.count(),
+            window: self.quota.period_nanos(),
+            log: Mutex::new(Log::default()),
+            clock: self.clock,
+        }
+    }
+}
+
+impl<C: Clock> SlidingLog<C> {
     /// Decides one request of cost 1.
     pub fn check(&self) -> Decision {
         // Cost 1 is always valid: the limit is at least 1.

@@ -458,17 +458,44 @@ pub struct MultiLimiter<C: Clock = DefaultClock> {
 impl MultiLimiter {
     /// The limiter for `quotas` on the default clock.
     pub fn new(quotas: Quotas) -> Self {
-        Self::with_clock(quotas, DefaultClock::new())
+        Self::builder(quotas).build()
+    }
+
+    /// A builder to choose the clock, as [`KeyedMultiLimiter::builder`]
+    /// does.
+    pub fn builder(quotas: Quotas) -> MultiLimiterBuilder {
+        MultiLimiterBuilder {
+            quotas,
+            clock: DefaultClock::new(),
+        }
     }
 }
 
-impl<C: Clock + Clone> MultiLimiter<C> {
-    /// The limiter for `quotas`, every limit reading `clock`.
-    pub fn with_clock(quotas: Quotas, clock: C) -> Self {
-        let limits = quotas
+/// Builds a [`MultiLimiter`]: `MultiLimiter::builder(quotas)`. Every limit
+/// gets the same clock.
+#[derive(Debug)]
+pub struct MultiLimiterBuilder<C = DefaultClock> {
+    quotas: Quotas,
+    clock: C,
+}
+
+impl<C: Clock + Clone> MultiLimiterBuilder<C> {
+    /// Reads time from `clock` (a [`ManualClock`](crate::ManualClock) in
+    /// tests), in every limit.
+    pub fn clock<C2: Clock + Clone>(self, clock: C2) -> MultiLimiterBuilder<C2> {
+        MultiLimiterBuilder {
+            quotas: self.quotas,
+            clock,
+        }
+    }
+
+    /// The limiter.
+    pub fn build(self) -> MultiLimiter<C> {
+        let limits = self
+            .quotas
             .as_slice()
             .iter()
-            .map(|quota| DirectLimiter::with_clock(*quota, clock.clone()))
+            .map(|quota| DirectLimiter::builder(*quota).clock(self.clock.clone()).build())
             .collect();
         MultiLimiter { limits }
     }
@@ -733,17 +760,6 @@ where
     }
 }
 
-impl<K, C> KeyedMultiLimiter<K, C>
-where
-    K: Hash + Eq + Send + Sync + 'static,
-    C: Clock + Clone,
-{
-    /// The limiter for `quotas` per key, every limit reading `clock`
-    /// (`builder(quotas).clock(clock).build()`).
-    pub fn with_clock(quotas: Quotas, clock: C) -> Self {
-        KeyedMultiLimiter::builder(quotas).clock(clock).build()
-    }
-}
 
 impl<K, C> KeyedMultiLimiter<K, C>
 where
