@@ -239,7 +239,7 @@ impl<C: Clock> DirectLimiter<C, Gcra> {
     /// use turnstile_rl::{DirectLimiter, ManualClock};
     ///
     /// let clock = ManualClock::new();
-    /// let limiter = DirectLimiter::with_clock("10/s burst 20".parse()?, clock.clone());
+    /// let limiter = DirectLimiter::builder("10/s burst 20".parse()?).clock(clock.clone()).build();
     /// let _ = limiter.check_n(10)?; // half the burst spent
     /// limiter.set_quota("10/s burst 40".parse()?);
     /// assert_eq!(limiter.peek().remaining(), 29, "40 - 10 spent - 1");

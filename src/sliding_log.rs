@@ -21,7 +21,7 @@ use crate::quota::Quota;
 /// use std::time::Duration;
 ///
 /// let clock = ManualClock::starting_at(Duration::from_millis(59_900));
-/// let log = SlidingLog::with_clock(Quota::per_minute(100)?, clock.clone());
+/// let log = SlidingLog::builder(Quota::per_minute(100)?).clock(clock.clone()).build();
 /// assert!(log.check_n(100).unwrap().is_allowed());
 /// clock.set(Duration::from_millis(60_100));
 /// let denied = log.check();
@@ -256,7 +256,9 @@ mod tests {
     fn sliding_log(text: &str) -> (SlidingLog<ManualClock>, ManualClock) {
         let clock = ManualClock::new();
         (
-            SlidingLog::with_clock(text.parse().unwrap(), clock.clone()),
+            SlidingLog::builder(text.parse().unwrap())
+                .clock(clock.clone())
+                .build(),
             clock,
         )
     }
@@ -378,7 +380,7 @@ mod tests {
     fn extreme_inputs_never_panic() {
         let clock = ManualClock::new();
         let huge = Quota::new(u64::MAX, Duration::from_nanos(u64::MAX)).unwrap();
-        let log = SlidingLog::with_clock(huge, clock.clone());
+        let log = SlidingLog::builder(huge).clock(clock.clone()).build();
         // A huge cost is one entry, not u64::MAX of them.
         assert!(log.check_n(u64::MAX).unwrap().is_allowed());
         let d = log.check().decision_denied();

@@ -442,7 +442,7 @@ fn check_cost(gcras: &[Gcra], n: u64) -> Result<(), CostError> {
 /// ```
 /// use turnstile_rl::{ManualClock, MultiLimiter};
 ///
-/// let limiter = MultiLimiter::with_clock("10/s burst 20; 25/h".parse()?, ManualClock::new());
+/// let limiter = MultiLimiter::builder("10/s burst 20; 25/h".parse()?).clock(ManualClock::new()).build();
 /// let admitted = (0..30).filter(|_| limiter.check().is_allowed()).count();
 /// assert_eq!(admitted, 20, "the burst of the first limit binds");
 /// let d = limiter.check();
@@ -495,7 +495,11 @@ impl<C: Clock + Clone> MultiLimiterBuilder<C> {
             .quotas
             .as_slice()
             .iter()
-            .map(|quota| DirectLimiter::builder(*quota).clock(self.clock.clone()).build())
+            .map(|quota| {
+                DirectLimiter::builder(*quota)
+                    .clock(self.clock.clone())
+                    .build()
+            })
             .collect();
         MultiLimiter { limits }
     }
@@ -759,7 +763,6 @@ where
         }
     }
 }
-
 
 impl<K, C> KeyedMultiLimiter<K, C>
 where
@@ -1068,10 +1071,11 @@ mod tests {
     /// limit 0 (burst 2) has exactly one token left.
     #[test]
     fn a_keyed_rollback_held_across_a_reset_takes_nothing_from_the_new_bucket() {
-        let keyed = Arc::new(KeyedMultiLimiter::<u64, _>::with_clock(
-            HELD_ACROSS_RESET.parse().unwrap(),
-            ManualClock::new(),
-        ));
+        let keyed = Arc::new(
+            KeyedMultiLimiter::<u64, _>::builder(HELD_ACROSS_RESET.parse().unwrap())
+                .clock(ManualClock::new())
+                .build(),
+        );
         let other = keyed.clone();
         after_first_charge(move || {
             assert!(other.reset(&7));
@@ -1088,10 +1092,11 @@ mod tests {
     /// bucket a charge went to ends at the next reset of that cell.
     #[test]
     fn a_direct_rollback_held_across_a_reset_takes_nothing_from_the_new_bucket() {
-        let direct = Arc::new(MultiLimiter::with_clock(
-            HELD_ACROSS_RESET.parse().unwrap(),
-            ManualClock::new(),
-        ));
+        let direct = Arc::new(
+            MultiLimiter::builder(HELD_ACROSS_RESET.parse().unwrap())
+                .clock(ManualClock::new())
+                .build(),
+        );
         let other = direct.clone();
         after_first_charge(move || {
             assert!(other.reset());
@@ -1287,8 +1292,12 @@ mod tests {
                 let quotas = Quotas::new(vec![first, second]).unwrap();
                 let max_cost = quotas.min_burst().min(2);
                 let clock = ManualClock::new();
-                let direct = MultiLimiter::with_clock(quotas.clone(), clock.clone());
-                let keyed = KeyedMultiLimiter::<u64, _>::with_clock(quotas.clone(), clock.clone());
+                let direct = MultiLimiter::builder(quotas.clone())
+                    .clock(clock.clone())
+                    .build();
+                let keyed = KeyedMultiLimiter::<u64, _>::builder(quotas.clone())
+                    .clock(clock.clone())
+                    .build();
                 let done = AtomicBool::new(false);
                 let admitted: Vec<(u64, u64)> = std::thread::scope(|s| {
                     let ticker = s.spawn(|| {
