@@ -167,7 +167,7 @@ impl Clock for MonotonicClock {
 /// use std::time::Duration;
 ///
 /// let clock = ManualClock::new();
-/// let limiter = DirectLimiter::with_clock(Quota::per_second(1)?, clock.clone());
+/// let limiter = DirectLimiter::builder(Quota::per_second(1)?).clock(clock.clone()).build();
 /// assert!(limiter.check().is_allowed());
 /// assert!(limiter.check().is_denied());
 /// clock.advance(Duration::from_secs(1));

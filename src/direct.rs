@@ -2,12 +2,11 @@
 
 use std::fmt;
 
-use crate::algorithms::Algorithm;
-use crate::algorithms::Gcra;
+use crate::algorithms::{Algorithm, FromQuota, Gcra};
 use crate::cell::Cell;
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::Decision;
-use crate::error::CostError;
+use crate::error::{CostError, QuotaError};
 use crate::live::Live;
 use crate::quota::Quota;
 use crate::resets::Resets;
@@ -17,7 +16,7 @@ use crate::resets::Resets;
 ///
 /// GCRA by default; any packed [`Algorithm`] (for example
 /// [`FixedWindow`](crate::algorithms::FixedWindow)) through
-/// [`from_algorithm`](DirectLimiter::from_algorithm).
+/// [`builder`](DirectLimiter::builder).
 ///
 /// ```
 /// use turnstile_rl::{DirectLimiter, Quota};
@@ -41,28 +40,33 @@ pub struct DirectLimiter<C: Clock = DefaultClock, A: Algorithm = Gcra> {
 impl DirectLimiter {
     /// A GCRA limiter for `quota` on the default (quanta) clock.
     pub fn new(quota: Quota) -> Self {
-        Self::with_clock(quota, DefaultClock::new())
+        Self::builder(quota).build()
     }
-}
 
-impl<C: Clock> DirectLimiter<C> {
-    /// A GCRA limiter for `quota` on `clock`.
-    pub fn with_clock(quota: Quota, clock: C) -> Self {
-        Self::from_algorithm(Gcra::new(&quota), clock)
+    /// A builder to choose the clock and the algorithm, as
+    /// [`KeyedLimiter::builder`](crate::KeyedLimiter::builder) does.
+    ///
+    /// ```
+    /// use turnstile_rl::algorithms::FixedWindow;
+    /// use turnstile_rl::{DirectLimiter, ManualClock};
+    ///
+    /// let limiter = DirectLimiter::builder("3/min".parse()?)
+    ///     .clock(ManualClock::new())
+    ///     .algorithm_for::<FixedWindow>()?
+    ///     .build();
+    /// assert_eq!(limiter.check().remaining(), 2);
+    /// # Ok::<(), turnstile_rl::QuotaError>(())
+    /// ```
+    pub fn builder(quota: Quota) -> DirectLimiterBuilder {
+        DirectLimiterBuilder {
+            quota,
+            algorithm: Gcra::new(&quota),
+            clock: DefaultClock::new(),
+        }
     }
 }
 
 impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
-    /// A limiter running `algorithm` on `clock`, starting full.
-    pub fn from_algorithm(algorithm: A, clock: C) -> Self {
-        DirectLimiter {
-            cell: Cell::new(0),
-            resets: Resets::new(),
-            algorithm: Live::new(algorithm),
-            clock,
-        }
-    }
-
     /// Decides one request of cost 1.
     #[inline]
     pub fn check(&self) -> Decision {
@@ -235,7 +239,7 @@ impl<C: Clock> DirectLimiter<C, Gcra> {
     /// use turnstile_rl::{DirectLimiter, ManualClock};
     ///
     /// let clock = ManualClock::new();
-    /// let limiter = DirectLimiter::with_clock("10/s burst 20".parse()?, clock.clone());
+    /// let limiter = DirectLimiter::builder("10/s burst 20".parse()?).clock(clock.clone()).build();
     /// let _ = limiter.check_n(10)?; // half the burst spent
     /// limiter.set_quota("10/s burst 40".parse()?);
     /// assert_eq!(limiter.peek().remaining(), 29, "40 - 10 spent - 1");
@@ -255,6 +259,56 @@ impl<C: Clock> DirectLimiter<C, Gcra> {
     /// an empty bucket takes to fill (see [`Gcra::quota`]).
     pub fn quota(&self) -> Quota {
         self.algorithm.load().quota()
+    }
+}
+
+/// Builds a [`DirectLimiter`]: `DirectLimiter::builder(quota)`.
+#[derive(Debug)]
+pub struct DirectLimiterBuilder<C = DefaultClock, A = Gcra> {
+    /// The quota given to `builder`, kept for
+    /// [`algorithm_for`](DirectLimiterBuilder::algorithm_for).
+    quota: Quota,
+    algorithm: A,
+    clock: C,
+}
+
+impl<C: Clock, A: Algorithm> DirectLimiterBuilder<C, A> {
+    /// Reads time from `clock` (a [`ManualClock`](crate::ManualClock) in tests).
+    pub fn clock<C2: Clock>(self, clock: C2) -> DirectLimiterBuilder<C2, A> {
+        DirectLimiterBuilder {
+            quota: self.quota,
+            algorithm: self.algorithm,
+            clock,
+        }
+    }
+
+    /// Runs the algorithm `A2` configured by the builder's quota instead of
+    /// the quota's GCRA; [`QuotaError::DoesNotFit`] when `A2` cannot hold
+    /// the quota (a window's limit or period out of its bounds).
+    pub fn algorithm_for<A2: FromQuota>(self) -> Result<DirectLimiterBuilder<C, A2>, QuotaError> {
+        let algorithm = A2::from_quota(&self.quota)?;
+        Ok(self.algorithm(algorithm))
+    }
+
+    /// Runs `algorithm` (for example a
+    /// [`FixedWindow`](crate::algorithms::FixedWindow) built for another
+    /// quota) instead of the quota's GCRA.
+    pub fn algorithm<A2: Algorithm>(self, algorithm: A2) -> DirectLimiterBuilder<C, A2> {
+        DirectLimiterBuilder {
+            quota: self.quota,
+            algorithm,
+            clock: self.clock,
+        }
+    }
+
+    /// The limiter, starting full.
+    pub fn build(self) -> DirectLimiter<C, A> {
+        DirectLimiter {
+            cell: Cell::new(0),
+            resets: Resets::new(),
+            algorithm: Live::new(self.algorithm),
+            clock: self.clock,
+        }
     }
 }
 

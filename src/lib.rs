@@ -128,13 +128,15 @@ pub mod __private;
 pub use algorithms::{Algorithm, Gcra};
 pub use clock::{Clock, DefaultClock, ManualClock, MonotonicClock, QuantaClock, RecentClock};
 pub use decision::Decision;
-pub use direct::DirectLimiter;
+pub use direct::{DirectLimiter, DirectLimiterBuilder};
 pub use error::{BatchError, CostError, QuotaError, QuotasError};
 pub use keyed::{KeyedLimiter, KeyedLimiterBuilder, OverflowPolicy};
-pub use multi::{KeyedMultiLimiter, KeyedMultiLimiterBuilder, MultiDecision, MultiLimiter};
+pub use multi::{
+    KeyedMultiLimiter, KeyedMultiLimiterBuilder, MultiDecision, MultiLimiter, MultiLimiterBuilder,
+};
 pub use quota::Quota;
 pub use quotas::{Quotas, MAX_LIMITS};
-pub use sliding_log::SlidingLog;
+pub use sliding_log::{SlidingLog, SlidingLogBuilder};
 pub use stats::Stats;
 #[cfg(feature = "tokio")]
 pub use wait::Jitter;

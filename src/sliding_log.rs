@@ -21,7 +21,7 @@ use crate::quota::Quota;
 /// use std::time::Duration;
 ///
 /// let clock = ManualClock::starting_at(Duration::from_millis(59_900));
-/// let log = SlidingLog::with_clock(Quota::per_minute(100)?, clock.clone());
+/// let log = SlidingLog::builder(Quota::per_minute(100)?).clock(clock.clone()).build();
 /// assert!(log.check_n(100).unwrap().is_allowed());
 /// clock.set(Duration::from_millis(60_100));
 /// let denied = log.check();
@@ -85,22 +85,47 @@ impl SlidingLog {
     /// A sliding log of `quota.count()` requests per `quota.period()` (the
     /// burst does not apply), on the default clock.
     pub fn new(quota: Quota) -> Self {
-        Self::with_clock(quota, DefaultClock::new())
+        Self::builder(quota).build()
+    }
+
+    /// A builder to choose the clock, as the other limiters' builders do.
+    pub fn builder(quota: Quota) -> SlidingLogBuilder {
+        SlidingLogBuilder {
+            quota,
+            clock: DefaultClock::new(),
+        }
     }
 }
 
-impl<C: Clock> SlidingLog<C> {
-    /// A sliding log of `quota.count()` requests per `quota.period()` (the
-    /// burst does not apply), on `clock`.
-    pub fn with_clock(quota: Quota, clock: C) -> Self {
-        SlidingLog {
-            limit: quota.count(),
-            window: quota.period_nanos(),
-            log: Mutex::new(Log::default()),
+/// Builds a [`SlidingLog`]: `SlidingLog::builder(quota)`.
+#[derive(Debug)]
+pub struct SlidingLogBuilder<C = DefaultClock> {
+    quota: Quota,
+    clock: C,
+}
+
+impl<C: Clock> SlidingLogBuilder<C> {
+    /// Reads time from `clock` (a [`ManualClock`](crate::ManualClock) in tests).
+    pub fn clock<C2: Clock>(self, clock: C2) -> SlidingLogBuilder<C2> {
+        SlidingLogBuilder {
+            quota: self.quota,
             clock,
         }
     }
 
+    /// The log, empty: `quota.count()` requests per `quota.period()` (the
+    /// burst does not apply).
+    pub fn build(self) -> SlidingLog<C> {
+        SlidingLog {
+            limit: self.quota.count(),
+            window: self.quota.period_nanos(),
+            log: Mutex::new(Log::default()),
+            clock: self.clock,
+        }
+    }
+}
+
+impl<C: Clock> SlidingLog<C> {
     /// Decides one request of cost 1.
     pub fn check(&self) -> Decision {
         // Cost 1 is always valid: the limit is at least 1.
@@ -231,7 +256,9 @@ mod tests {
     fn sliding_log(text: &str) -> (SlidingLog<ManualClock>, ManualClock) {
         let clock = ManualClock::new();
         (
-            SlidingLog::with_clock(text.parse().unwrap(), clock.clone()),
+            SlidingLog::builder(text.parse().unwrap())
+                .clock(clock.clone())
+                .build(),
             clock,
         )
     }
@@ -356,7 +383,7 @@ mod tests {
     fn extreme_inputs_never_panic() {
         let clock = ManualClock::new();
         let huge = Quota::new(u64::MAX, Duration::from_nanos(u64::MAX)).unwrap();
-        let log = SlidingLog::with_clock(huge, clock.clone());
+        let log = SlidingLog::builder(huge).clock(clock.clone()).build();
         // A huge cost is one entry, not u64::MAX of them.
         assert!(log.check_n(u64::MAX).unwrap().is_allowed());
         let d = log.check().decision_denied();

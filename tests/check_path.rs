@@ -162,7 +162,9 @@ fn direct_rollbacks_racing_resets_admit_once_per_bucket() {
     );
     let clock = ManualClock::new();
     clock.set(Duration::from_secs(10));
-    let limiter = MultiLimiter::with_clock("1/h burst 1000; 1/h burst 1".parse().unwrap(), clock);
+    let limiter = MultiLimiter::builder("1/h burst 1000; 1/h burst 1".parse().unwrap())
+        .clock(clock)
+        .build();
     let admitted = AtomicU64::new(0);
     let emptied = AtomicU64::new(0);
     let done = AtomicBool::new(false);

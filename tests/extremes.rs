@@ -117,13 +117,13 @@ proptest! {
     ) {
         for quota in quotas(n, period, burst) {
             let clock = ManualClock::new();
-            let direct = DirectLimiter::with_clock(quota, clock.clone());
+            let direct = DirectLimiter::builder(quota).clock(clock.clone()).build();
             let fixed = FixedWindow::new(&quota)
                 .ok()
-                .map(|w| DirectLimiter::from_algorithm(w, clock.clone()));
+                .map(|w| DirectLimiter::builder(quota).clock(clock.clone()).algorithm(w).build());
             let sliding = SlidingWindow::new(&quota)
                 .ok()
-                .map(|w| DirectLimiter::from_algorithm(w, clock.clone()));
+                .map(|w| DirectLimiter::builder(quota).clock(clock.clone()).algorithm(w).build());
             let keyed = KeyedLimiter::<u64, _>::builder(quota)
                 .clock(clock.clone())
                 .max_keys(max_keys)
@@ -133,7 +133,7 @@ proptest! {
                 .max_keys(max_keys)
                 .overflow(OverflowPolicy::Deny)
                 .build();
-            let log = SlidingLog::with_clock(quota, clock.clone());
+            let log = SlidingLog::builder(quota).clock(clock.clone()).build();
             let check = |cost: u64| {
                 let _ = direct.check_n(cost).map(touch);
                 if let Some(fixed) = &fixed {

@@ -325,7 +325,7 @@ proptest! {
         moves in prop::collection::vec((any::<u64>(), prop_oneof![any::<u64>(), 0u64..=3]), 1..=16),
     ) {
         let clock = ManualClock::new();
-        let limiter = DirectLimiter::with_clock(q, clock.clone());
+        let limiter = DirectLimiter::builder(q).clock(clock.clone()).build();
         for (now, cost) in moves {
             clock.set_nanos(now);
             let answer = limiter.check_n(cost);
@@ -384,7 +384,7 @@ proptest! {
     ) {
         let g = Gcra::new(&q);
         let clock = ManualClock::new();
-        let limiter = DirectLimiter::with_clock(q, clock.clone());
+        let limiter = DirectLimiter::builder(q).clock(clock.clone()).build();
         let mut tat = 0;
         for (k, &(now, cost)) in timeline.iter().enumerate() {
             let cost = odd_costs[k].unwrap_or(cost);

@@ -522,7 +522,9 @@ async fn user_ids_from_an_auth_layer_and_custom_keys() {
 #[tokio::test]
 async fn a_direct_limiter_is_one_budget_and_an_arc_shares_one_across_routes() {
     let clock = ManualClock::new();
-    let global = turnstile_rl::DirectLimiter::with_clock("2/min".parse().expect("quota"), clock);
+    let global = turnstile_rl::DirectLimiter::builder("2/min".parse().expect("quota"))
+        .clock(clock)
+        .build();
     let layer = RateLimitLayer::builder(global)
         .name("global")
         .key(api_key())
@@ -588,7 +590,9 @@ async fn the_default_key_reads_axums_connect_info() {
 #[tokio::test]
 async fn a_global_key_is_one_budget_without_peer_addresses() {
     let clock = ManualClock::new();
-    let global = turnstile_rl::DirectLimiter::with_clock("2/min".parse().expect("quota"), clock);
+    let global = turnstile_rl::DirectLimiter::builder("2/min".parse().expect("quota"))
+        .clock(clock)
+        .build();
     let layer = RateLimitLayer::builder(global)
         .name("global")
         .key(KeyExtractor::global())
@@ -873,10 +877,10 @@ async fn x_real_ip_counts_only_when_on_and_from_trusted_proxies() {
 #[tokio::test]
 async fn one_layer_enforces_two_limits_and_names_the_binding_one() {
     let clock = ManualClock::new();
-    let limiter = KeyedMultiLimiter::<HttpKey, _>::with_clock(
-        "2/s burst 2; 3/min".parse().expect("quotas"),
-        clock.clone(),
-    );
+    let limiter =
+        KeyedMultiLimiter::<HttpKey, _>::builder("2/s burst 2; 3/min".parse().expect("quotas"))
+            .clock(clock.clone())
+            .build();
     let layer = RateLimitLayer::builder(limiter)
         .name("search")
         .key(api_key())
@@ -1001,7 +1005,9 @@ async fn remaining_never_exceeds_the_advertised_quota() {
         let keyed = KeyedLimiter::<HttpKey>::builder(quota(text))
             .clock(clock.clone())
             .build();
-        let direct = turnstile_rl::DirectLimiter::with_clock(quota(text), clock.clone());
+        let direct = turnstile_rl::DirectLimiter::builder(quota(text))
+            .clock(clock.clone())
+            .build();
         let keyed = RateLimitLayer::builder(keyed).key(api_key()).build();
         let direct = RateLimitLayer::builder(direct).key(api_key()).build();
         single_urls.push((
@@ -1010,14 +1016,14 @@ async fn remaining_never_exceeds_the_advertised_quota() {
             serve(one_route(direct.expect("layer"))).await,
         ));
     }
-    let keyed_multi = KeyedMultiLimiter::<HttpKey, _>::with_clock(
-        "10/s burst 20; 30/min".parse().expect("quotas"),
-        clock.clone(),
-    );
-    let global_multi = turnstile_rl::MultiLimiter::with_clock(
-        "3/s; 1/min burst 5".parse().expect("quotas"),
-        clock.clone(),
-    );
+    let keyed_multi =
+        KeyedMultiLimiter::<HttpKey, _>::builder("10/s burst 20; 30/min".parse().expect("quotas"))
+            .clock(clock.clone())
+            .build();
+    let global_multi =
+        turnstile_rl::MultiLimiter::builder("3/s; 1/min burst 5".parse().expect("quotas"))
+            .clock(clock.clone())
+            .build();
     let keyed_multi = RateLimitLayer::builder(keyed_multi)
         .name("m")
         .key(api_key());
@@ -1189,10 +1195,11 @@ async fn a_quota_changed_while_serving_shows_on_the_next_response() {
             .clock(clock.clone())
             .build(),
     );
-    let direct = std::sync::Arc::new(turnstile_rl::DirectLimiter::with_clock(
-        "5/min".parse().expect("quota"),
-        clock.clone(),
-    ));
+    let direct = std::sync::Arc::new(
+        turnstile_rl::DirectLimiter::builder("5/min".parse().expect("quota"))
+            .clock(clock.clone())
+            .build(),
+    );
     let multi = std::sync::Arc::new(
         KeyedMultiLimiter::<HttpKey, _>::builder("5/min; 100/h".parse().expect("quotas"))
             .clock(clock.clone())

@@ -67,8 +67,8 @@ proptest! {
     ) {
         let list = Quotas::new(quotas.clone()).unwrap();
         let clock = ManualClock::new();
-        let direct = MultiLimiter::with_clock(list.clone(), clock.clone());
-        let keyed = KeyedMultiLimiter::<u64, _>::with_clock(list.clone(), clock.clone());
+        let direct = MultiLimiter::builder(list.clone()).clock(clock.clone()).build();
+        let keyed = KeyedMultiLimiter::<u64, _>::builder(list.clone()).clock(clock.clone()).build();
         let mut models: Vec<Model> = quotas.iter().map(Model::new).collect();
         for op in ops {
             match op {
@@ -126,10 +126,9 @@ proptest! {
 #[test]
 fn a_burst_limit_and_an_hourly_ceiling() {
     let clock = ManualClock::new();
-    let limiter = KeyedMultiLimiter::<String, _>::with_clock(
-        "3/s burst 5; 8/h".parse().unwrap(),
-        clock.clone(),
-    );
+    let limiter = KeyedMultiLimiter::<String, _>::builder("3/s burst 5; 8/h".parse().unwrap())
+        .clock(clock.clone())
+        .build();
     assert_eq!(
         (0..9).filter(|_| limiter.check("k").is_allowed()).count(),
         5

@@ -36,8 +36,12 @@ fn four_threads_admit_exactly_the_strictest_limit() {
                 "2,000 rounds and the threads never raced on a cell"
             );
             let quotas: Quotas = text.parse().unwrap();
-            let direct = MultiLimiter::with_clock(quotas.clone(), ManualClock::new());
-            let keyed = KeyedMultiLimiter::<u64, _>::with_clock(quotas.clone(), ManualClock::new());
+            let direct = MultiLimiter::builder(quotas.clone())
+                .clock(ManualClock::new())
+                .build();
+            let keyed = KeyedMultiLimiter::<u64, _>::builder(quotas.clone())
+                .clock(ManualClock::new())
+                .build();
             let start = std::sync::Barrier::new(THREADS);
             let admitted: Vec<(u64, u64)> = std::thread::scope(|s| {
                 let workers: Vec<_> = (0..THREADS)

@@ -116,8 +116,8 @@ proptest! {
     fn peek_never_changes_a_later_decision((quota, ops) in quota_and_ops()) {
         let clocks = [ManualClock::new(), ManualClock::new()];
         let direct = [
-            DirectLimiter::with_clock(quota, clocks[0].clone()),
-            DirectLimiter::with_clock(quota, clocks[1].clone()),
+            DirectLimiter::builder(quota).clock(clocks[0].clone()).build(),
+            DirectLimiter::builder(quota).clock(clocks[1].clone()).build(),
         ];
         let keyed: Vec<KeyedLimiter<u64, ManualClock>> = clocks
             .iter()
@@ -159,7 +159,7 @@ proptest! {
     #[test]
     fn reset_and_refund_follow_the_model((quota, ops) in quota_and_ops()) {
         let clock = ManualClock::new();
-        let direct = DirectLimiter::with_clock(quota, clock.clone());
+        let direct = DirectLimiter::builder(quota).clock(clock.clone()).build();
         let keyed: KeyedLimiter<u64, ManualClock> = KeyedLimiter::builder(quota).clock(clock.clone()).build();
         let mut model = Model::new(&quota);
         let (interval, tolerance) = (turnstile_rl::__private::interval_nanos(&quota) as u128, turnstile_rl::__private::tolerance_nanos(&quota) as u128);
@@ -211,7 +211,9 @@ proptest! {
 #[test]
 fn costs_that_can_never_be_met_are_errors_not_panics() {
     let (limiter, _) = keyed("10/s");
-    let direct = DirectLimiter::with_clock("10/s".parse().unwrap(), ManualClock::new());
+    let direct = DirectLimiter::builder("10/s".parse().unwrap())
+        .clock(ManualClock::new())
+        .build();
     for n in [0, 11, u64::MAX] {
         assert!(limiter.peek_n(&1, n).is_err());
         assert!(limiter.refund(&1, n).is_err());
@@ -305,7 +307,9 @@ fn refunds_racing_checks_lose_nothing() {
     const THREADS: u64 = 4;
     const ROUNDS: u64 = 20_000;
     let (limiter, _) = keyed("1/h burst 4");
-    let direct = DirectLimiter::with_clock("1/h burst 4".parse().unwrap(), ManualClock::new());
+    let direct = DirectLimiter::builder("1/h burst 4".parse().unwrap())
+        .clock(ManualClock::new())
+        .build();
     std::thread::scope(|s| {
         for _ in 0..THREADS {
             s.spawn(|| {
@@ -380,7 +384,9 @@ fn a_quota_change_keeps_the_spent_part() {
         },
     ];
     for (row, case) in cases.iter().enumerate() {
-        let direct = DirectLimiter::with_clock(case.old.parse().unwrap(), ManualClock::new());
+        let direct = DirectLimiter::builder(case.old.parse().unwrap())
+            .clock(ManualClock::new())
+            .build();
         let (limiter, _) = keyed(case.old);
         if case.spent > 0 {
             assert!(direct.check_n(case.spent).unwrap().is_allowed());
@@ -400,7 +406,9 @@ fn a_quota_change_keeps_the_spent_part() {
 #[test]
 fn a_debt_beyond_the_new_burst_is_waited_out_alike() {
     let clock = ManualClock::new();
-    let direct = DirectLimiter::with_clock("10/s burst 20".parse().unwrap(), clock.clone());
+    let direct = DirectLimiter::builder("10/s burst 20".parse().unwrap())
+        .clock(clock.clone())
+        .build();
     let limiter: KeyedLimiter<u64, ManualClock> =
         KeyedLimiter::builder("10/s burst 20".parse().unwrap())
             .clock(clock.clone())

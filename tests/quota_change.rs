@@ -47,12 +47,14 @@ impl Limiters {
             .build()
             .await?;
         Ok(Limiters {
-            direct: DirectLimiter::with_clock(parsed, clock.clone()),
+            direct: DirectLimiter::builder(parsed).clock(clock.clone()).build(),
             keyed: KeyedLimiter::builder(parsed).clock(clock.clone()).build(),
             keyed_multi: KeyedMultiLimiter::builder(quotas.clone())
                 .clock(clock.clone())
                 .build(),
-            multi: MultiLimiter::with_clock(quotas.clone(), clock.clone()),
+            multi: MultiLimiter::builder(quotas.clone())
+                .clock(clock.clone())
+                .build(),
             redis_multi: redis.multi(quotas)?,
             redis,
         })

@@ -112,7 +112,9 @@ async fn several_limits_per_key_run_in_one_slot_on_the_cluster(
         .build()
         .await?;
     let remote = remote.multi(quotas.clone())?;
-    let local = turnstile_rl::KeyedMultiLimiter::<String, _>::with_clock(quotas, clock.clone());
+    let local = turnstile_rl::KeyedMultiLimiter::<String, _>::builder(quotas)
+        .clock(clock.clone())
+        .build();
     let mut admitted = 0;
     for (advance, requests) in [(0, 7), (1_100, 3), (30_000, 3)] {
         clock.advance(Duration::from_millis(advance));

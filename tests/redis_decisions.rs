@@ -65,7 +65,7 @@ async fn same_as_local(
     // Start the clock away from 0, as a real clock would be.
     let clock = ManualClock::starting_at(Duration::from_secs(1_000));
     let remote = on_clock(&server, quota, &clock, prefix).await?;
-    let local = DirectLimiter::with_clock(quota, clock.clone());
+    let local = DirectLimiter::builder(quota).clock(clock.clone()).build();
     let mut admitted = 0;
     for &(advance, requests) in steps {
         clock.advance(ms(advance));
@@ -113,7 +113,7 @@ async fn costs_and_retry_after_match_the_local_gcra() -> TestResult {
     let clock = ManualClock::starting_at(Duration::from_secs(50));
     let quota = Quota::per_second(2)?.burst(5)?;
     let remote = on_clock(&server, quota, &clock, "costs:").await?;
-    let local = DirectLimiter::with_clock(quota, clock.clone());
+    let local = DirectLimiter::builder(quota).clock(clock.clone()).build();
     for (advance, cost) in [
         (0, 3),
         (0, 3),
@@ -307,7 +307,7 @@ async fn random_costs_and_times_decide_exactly_as_the_local_gcra_on_the_rounded_
         let remote = on_clock(&server, quota, &clock, &format!("random-{i}:")).await?;
         // The script runs T rounded up to whole µs: the local twin does too.
         let rounded = Quota::with_period(remote.emission_interval())?.burst(quota.burst_size())?;
-        let local = DirectLimiter::with_clock(rounded, clock.clone());
+        let local = DirectLimiter::builder(rounded).clock(clock.clone()).build();
         let t = remote.emission_interval().as_micros() as u64;
         let mut allowed = 0;
         for step in 0..500 {

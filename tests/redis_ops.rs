@@ -37,7 +37,7 @@ async fn peek_refund_reset_decide_as_the_local_limiter() -> TestResult {
     let clock = ManualClock::starting_at(Duration::from_secs(1_000));
     let quota: Quota = "2/s burst 5".parse()?;
     let redis = limiter(&server, "2/s burst 5", &clock, "ops:").await?;
-    let local = DirectLimiter::with_clock(quota, clock.clone());
+    let local = DirectLimiter::builder(quota).clock(clock.clone()).build();
     let steps: &[(&str, u64, u64)] = &[
         ("peek", 0, 1),
         ("check", 0, 3),
@@ -82,7 +82,9 @@ async fn several_limits_in_one_call_decide_as_the_local_limiter() -> TestResult 
     let quotas: Quotas = text.parse()?;
     let base = limiter(&server, "1/s", &clock, "multi:").await?;
     let redis = base.multi(quotas.clone())?;
-    let local = KeyedMultiLimiter::<String, _>::with_clock(quotas, clock.clone());
+    let local = KeyedMultiLimiter::<String, _>::builder(quotas)
+        .clock(clock.clone())
+        .build();
     let mut admitted = 0;
     // Bursts every 700 ms for a minute and a half: every limit binds at
     // some point; every decision equal, figure and binding limit alike.

@@ -31,7 +31,9 @@ fn quota(text: &str) -> Quota {
 #[tokio::test(start_paused = true)]
 async fn direct_waiters_wake_exactly_when_a_token_is_due() {
     let clock = TokioClock::new();
-    let limiter = DirectLimiter::with_clock(quota("10/s burst 2"), clock);
+    let limiter = DirectLimiter::builder(quota("10/s burst 2"))
+        .clock(clock)
+        .build();
     for expected_ms in [0, 0, 100, 200, 300] {
         let decision = limiter.until_ready().await;
         assert!(decision.is_allowed());
@@ -46,7 +48,9 @@ async fn direct_waiters_wake_exactly_when_a_token_is_due() {
 #[tokio::test(start_paused = true)]
 async fn impossible_costs_fail_at_once_instead_of_waiting_forever() {
     let clock = TokioClock::new();
-    let limiter = DirectLimiter::with_clock(quota("10/s burst 2"), clock);
+    let limiter = DirectLimiter::builder(quota("10/s burst 2"))
+        .clock(clock)
+        .build();
     assert_eq!(
         limiter.until_n_ready(3).await,
         Err(CostError::ExceedsCapacity {
@@ -73,7 +77,9 @@ async fn impossible_costs_fail_at_once_instead_of_waiting_forever() {
 #[tokio::test(start_paused = true)]
 async fn a_dropped_waiter_consumes_nothing() {
     let clock = TokioClock::new();
-    let limiter = DirectLimiter::with_clock(quota("10/s burst 1"), clock);
+    let limiter = DirectLimiter::builder(quota("10/s burst 1"))
+        .clock(clock)
+        .build();
     assert!(limiter.check().is_allowed());
     // A waiter that gives up at 50 ms, while it sleeps for the token due
     // at 100 ms.
@@ -138,7 +144,9 @@ async fn keyed_waiters_wait_for_their_own_key_only() {
 #[tokio::test(start_paused = true)]
 async fn jitter_adds_at_most_its_bound() {
     let clock = TokioClock::new();
-    let limiter = DirectLimiter::with_clock(quota("10/s burst 1"), clock);
+    let limiter = DirectLimiter::builder(quota("10/s burst 1"))
+        .clock(clock)
+        .build();
     let mut waited = Vec::new();
     for _ in 0..20 {
         let start = clock.0.elapsed();

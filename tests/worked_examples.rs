@@ -18,7 +18,10 @@ fn ms(n: u64) -> Duration {
 fn capacity_5_at_2_per_second() -> Result<(DirectLimiter<ManualClock>, ManualClock), QuotaError> {
     let clock = ManualClock::new();
     let quota = Quota::per_second(2)?.burst(5)?;
-    Ok((DirectLimiter::with_clock(quota, clock.clone()), clock))
+    Ok((
+        DirectLimiter::builder(quota).clock(clock.clone()).build(),
+        clock,
+    ))
 }
 
 /// Checks an allowed decision's figures.
@@ -125,7 +128,9 @@ fn the_tutorials_f64_token_bucket_makes_the_same_decisions(
 #[test]
 fn limit_100_per_minute_150_at_59_9_s_and_150_at_60_1_s_admit_100() -> Result<(), QuotaError> {
     let clock = ManualClock::starting_at(ms(59_900));
-    let limiter = DirectLimiter::with_clock(Quota::per_minute(100)?, clock.clone());
+    let limiter = DirectLimiter::builder(Quota::per_minute(100)?)
+        .clock(clock.clone())
+        .build();
     let first = (0..150).filter(|_| limiter.check().is_allowed()).count();
     clock.set(ms(60_100));
     let second: Vec<Decision> = (0..150).map(|_| limiter.check()).collect();

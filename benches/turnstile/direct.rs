@@ -208,7 +208,9 @@ pub fn bench(c: &mut Criterion) {
             "floor: quanta raw + delta + CAS (load if denied)",
             floor,
         );
-        let recent = DirectLimiter::with_clock(quota, RecentClock::new());
+        let recent = DirectLimiter::builder(quota)
+            .clock(RecentClock::new())
+            .build();
         run(
             &mut group,
             mode,

@@ -101,9 +101,9 @@ pub(crate) enum Bench {
     /// batches of 1, 8, 32 and 256 (one row each, figures per key).
     #[value(name = "gcra-batch-1000000")]
     GcraBatchMillion,
-    /// Fixed window (`DirectLimiter::from_algorithm`).
+    /// Fixed window (`DirectLimiter::builder(quota).algorithm_for`).
     FixedWindow,
-    /// Sliding-window counter (`DirectLimiter::from_algorithm`).
+    /// Sliding-window counter (`DirectLimiter::builder(quota).algorithm_for`).
     SlidingWindow,
     /// Sliding log (a `Mutex` around the log).
     SlidingLog,

@@ -3,7 +3,7 @@
 //! them alike and none special-cases the sliding log.
 
 use clap::ValueEnum;
-use turnstile_rl::algorithms::{FixedWindow, FromQuota, SlidingWindow};
+use turnstile_rl::algorithms::{FixedWindow, SlidingWindow};
 use turnstile_rl::{Clock, Decision, DirectLimiter, Quota, QuotaError, SlidingLog};
 
 /// An algorithm that decides requests against one quota.
@@ -40,16 +40,22 @@ impl Algorithm {
     /// [`QuotaError::DoesNotFit`] when a window cannot hold the quota.
     pub(crate) fn build<C: Clock>(self, quota: Quota, clock: C) -> Result<Limiter<C>, QuotaError> {
         Ok(match self {
-            Algorithm::Gcra => Limiter::Gcra(DirectLimiter::with_clock(quota, clock)),
-            Algorithm::FixedWindow => Limiter::FixedWindow(DirectLimiter::from_algorithm(
-                FixedWindow::from_quota(&quota)?,
-                clock,
-            )),
-            Algorithm::SlidingWindow => Limiter::SlidingWindow(DirectLimiter::from_algorithm(
-                SlidingWindow::from_quota(&quota)?,
-                clock,
-            )),
-            Algorithm::SlidingLog => Limiter::SlidingLog(SlidingLog::with_clock(quota, clock)),
+            Algorithm::Gcra => Limiter::Gcra(DirectLimiter::builder(quota).clock(clock).build()),
+            Algorithm::FixedWindow => Limiter::FixedWindow(
+                DirectLimiter::builder(quota)
+                    .clock(clock)
+                    .algorithm_for::<FixedWindow>()?
+                    .build(),
+            ),
+            Algorithm::SlidingWindow => Limiter::SlidingWindow(
+                DirectLimiter::builder(quota)
+                    .clock(clock)
+                    .algorithm_for::<SlidingWindow>()?
+                    .build(),
+            ),
+            Algorithm::SlidingLog => {
+                Limiter::SlidingLog(SlidingLog::builder(quota).clock(clock).build())
+            }
         })
     }
 }

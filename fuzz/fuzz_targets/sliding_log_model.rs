@@ -45,7 +45,7 @@ fuzz_target!(|input: Input| {
     };
     let (limit, period) = (quota.count(), turnstile_rl::__private::period_nanos(&quota));
     let clock = ManualClock::new();
-    let log = SlidingLog::with_clock(quota, clock.clone());
+    let log = SlidingLog::builder(quota).clock(clock.clone()).build();
     assert_eq!(log.limit(), limit);
     assert_eq!(log.window(), quota.period());
     // Every admitted request, oldest first, never merged or dropped.

@@ -42,7 +42,11 @@ fn whole(decision: Decision) {
 fn a_check_racing_two_changes_reads_one_quota_whole() {
     let since = probe::sequence();
     loom::model(|| {
-        let limiter = Arc::new(DirectLimiter::with_clock(quota(FIRST), ManualClock::new()));
+        let limiter = Arc::new(
+            DirectLimiter::builder(quota(FIRST))
+                .clock(ManualClock::new())
+                .build(),
+        );
         let writer = {
             let limiter = limiter.clone();
             thread::spawn(move || {
@@ -68,7 +72,11 @@ fn a_check_racing_two_changes_reads_one_quota_whole() {
 #[test]
 fn two_quota_changes_racing_a_check_take_turns() {
     loom::model(|| {
-        let limiter = Arc::new(DirectLimiter::with_clock(quota(FIRST), ManualClock::new()));
+        let limiter = Arc::new(
+            DirectLimiter::builder(quota(FIRST))
+                .clock(ManualClock::new())
+                .build(),
+        );
         let writers: Vec<_> = [SECOND, FIRST]
             .into_iter()
             .map(|text| {

@@ -95,7 +95,11 @@ fn reached(since: usize, probe: &Probe, race: &str) {
 #[test]
 fn two_updaters_one_token() {
     let since = model(|| {
-        let limiter = Arc::new(DirectLimiter::with_clock(quota(2), ManualClock::new()));
+        let limiter = Arc::new(
+            DirectLimiter::builder(quota(2))
+                .clock(ManualClock::new())
+                .build(),
+        );
         assert!(limiter.check().is_allowed());
         let other = limiter.clone();
         let a = spawn(move || other.check().is_allowed());
@@ -433,7 +437,11 @@ fn multi_rollback_meets_a_racing_charge() {
         // First limit: burst 2, 2 h a token; second: burst 1, 1 h a token.
         // A check denied by the first waits 2 h, by the second 1 h.
         let quotas: Quotas = "1/2h burst 2; 1/h burst 1".parse().unwrap();
-        let limiter = Arc::new(MultiLimiter::with_clock(quotas, ManualClock::new()));
+        let limiter = Arc::new(
+            MultiLimiter::builder(quotas)
+                .clock(ManualClock::new())
+                .build(),
+        );
         assert!(limiter.check().is_allowed());
         let other = limiter.clone();
         let a = spawn(move || other.check());
@@ -467,7 +475,11 @@ fn multi_rollbacks_race_each_other() {
     let since = model(|| {
         // First limit: burst 3, 2 h a token; second: burst 1, 1 h a token.
         let quotas: Quotas = "1/2h burst 3; 1/h burst 1".parse().unwrap();
-        let limiter = Arc::new(MultiLimiter::with_clock(quotas, ManualClock::new()));
+        let limiter = Arc::new(
+            MultiLimiter::builder(quotas)
+                .clock(ManualClock::new())
+                .build(),
+        );
         assert!(limiter.check().is_allowed());
         let other = limiter.clone();
         let a = spawn(move || other.check());
@@ -496,7 +508,11 @@ fn multi_rollbacks_race_each_other() {
 fn refund_races_a_check() {
     REFUND_RACE.store(0, std::sync::atomic::Ordering::Relaxed);
     model(|| {
-        let limiter = Arc::new(DirectLimiter::with_clock(quota(1), ManualClock::new()));
+        let limiter = Arc::new(
+            DirectLimiter::builder(quota(1))
+                .clock(ManualClock::new())
+                .build(),
+        );
         let other = limiter.clone();
         let a = spawn(move || {
             if other.check().is_allowed() {
@@ -857,10 +873,11 @@ fn keyed_multi_first_requests_race() {
     use turnstile_rl::KeyedMultiLimiter;
     let since = model_preempted(1, || {
         let quotas: Quotas = "10000/s burst 2; 10000/s burst 1".parse().unwrap();
-        let limiter = Arc::new(KeyedMultiLimiter::<u64, ManualClock>::with_clock(
-            quotas,
-            ManualClock::new(),
-        ));
+        let limiter = Arc::new(
+            KeyedMultiLimiter::<u64, ManualClock>::builder(quotas)
+                .clock(ManualClock::new())
+                .build(),
+        );
         let other = limiter.clone();
         let a = spawn(move || other.check(&1));
         let b = limiter.check(&1);

@@ -86,10 +86,11 @@ fn keyed_rollback_races_a_reset(known: bool) -> usize {
     const KEY: u64 = 13;
     model(move || {
         let start = probe::sequence();
-        let limiter = Arc::new(KeyedMultiLimiter::<u64, _>::with_clock(
-            QUOTAS.parse::<Quotas>().unwrap(),
-            ManualClock::new(),
-        ));
+        let limiter = Arc::new(
+            KeyedMultiLimiter::<u64, _>::builder(QUOTAS.parse::<Quotas>().unwrap())
+                .clock(ManualClock::new())
+                .build(),
+        );
         assert!(limiter.limits()[1].check(&KEY).is_allowed());
         if known {
             // Forgotten by the reset, as everything before it is.
@@ -139,10 +140,11 @@ fn keyed_rollback_finds_its_bucket_moved() {
 fn direct_rollback_races_a_reset() {
     let since = model(|| {
         let start = probe::sequence();
-        let limiter = Arc::new(MultiLimiter::with_clock(
-            QUOTAS.parse::<Quotas>().unwrap(),
-            ManualClock::new(),
-        ));
+        let limiter = Arc::new(
+            MultiLimiter::builder(QUOTAS.parse::<Quotas>().unwrap())
+                .clock(ManualClock::new())
+                .build(),
+        );
         assert!(limiter.limits()[1].check().is_allowed());
         let other = limiter.clone();
         let held = spawn(move || other.check());

@@ -58,8 +58,10 @@ const _: () = assert!(MIN_PERIOD > 2_860_000 && MIN_PERIOD < 2_880_000);
 /// use std::time::Duration;
 ///
 /// let clock = ManualClock::new();
-/// let window = FixedWindow::new(&Quota::per_minute(100)?)?;
-/// let limiter = DirectLimiter::from_algorithm(window, clock.clone());
+/// let limiter = DirectLimiter::builder(Quota::per_minute(100)?)
+///     .clock(clock.clone())
+///     .algorithm_for::<FixedWindow>()?
+///     .build();
 /// assert_eq!(limiter.check_n(100).map(|d| d.is_allowed()), Ok(true));
 /// assert!(limiter.check().is_denied());
 /// clock.advance(Duration::from_secs(60));
@@ -273,7 +275,10 @@ mod tests {
     #[test]
     fn seed_scenario_on_a_direct_limiter() {
         let clock = ManualClock::new();
-        let limiter = DirectLimiter::from_algorithm(window("100/min"), clock.clone());
+        let limiter = DirectLimiter::builder("100/min".parse().unwrap())
+            .clock(clock.clone())
+            .algorithm(window("100/min"))
+            .build();
         clock.set_nanos(59_900 * MS);
         let mut allowed = (0..150).filter(|_| limiter.check().is_allowed()).count();
         clock.set_nanos(60_100 * MS);

@@ -71,8 +71,10 @@ const _: () = assert!(MIN_PERIOD > 730_000_000 && MIN_PERIOD < 740_000_000);
 /// use std::time::Duration;
 ///
 /// let clock = ManualClock::starting_at(Duration::from_millis(59_900));
-/// let window = SlidingWindow::new(&Quota::per_minute(100)?)?;
-/// let limiter = DirectLimiter::from_algorithm(window, clock.clone());
+/// let limiter = DirectLimiter::builder(Quota::per_minute(100)?)
+///     .clock(clock.clone())
+///     .algorithm_for::<SlidingWindow>()?
+///     .build();
 /// assert_eq!(limiter.check_n(100).map(|d| d.is_allowed()), Ok(true));
 /// // Past the fixed boundary, the previous minute still weighs 59.9/60.
 /// clock.set(Duration::from_millis(60_100));
@@ -408,7 +410,10 @@ mod tests {
     #[test]
     fn seed_scenario_on_a_direct_limiter() {
         let clock = ManualClock::new();
-        let limiter = DirectLimiter::from_algorithm(window("100/min"), clock.clone());
+        let limiter = DirectLimiter::builder("100/min".parse().unwrap())
+            .clock(clock.clone())
+            .algorithm(window("100/min"))
+            .build();
         clock.set_nanos(59_900 * MS);
         let mut allowed = (0..150).filter(|_| limiter.check().is_allowed()).count();
         clock.set_nanos(60_100 * MS);

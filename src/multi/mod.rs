@@ -442,7 +442,7 @@ fn check_cost(gcras: &[Gcra], n: u64) -> Result<(), CostError> {
 /// ```
 /// use turnstile_rl::{ManualClock, MultiLimiter};
 ///
-/// let limiter = MultiLimiter::with_clock("10/s burst 20; 25/h".parse()?, ManualClock::new());
+/// let limiter = MultiLimiter::builder("10/s burst 20; 25/h".parse()?).clock(ManualClock::new()).build();
 /// let admitted = (0..30).filter(|_| limiter.check().is_allowed()).count();
 /// assert_eq!(admitted, 20, "the burst of the first limit binds");
 /// let d = limiter.check();
@@ -458,17 +458,48 @@ pub struct MultiLimiter<C: Clock = DefaultClock> {
 impl MultiLimiter {
     /// The limiter for `quotas` on the default clock.
     pub fn new(quotas: Quotas) -> Self {
-        Self::with_clock(quotas, DefaultClock::new())
+        Self::builder(quotas).build()
+    }
+
+    /// A builder to choose the clock, as [`KeyedMultiLimiter::builder`]
+    /// does.
+    pub fn builder(quotas: Quotas) -> MultiLimiterBuilder {
+        MultiLimiterBuilder {
+            quotas,
+            clock: DefaultClock::new(),
+        }
     }
 }
 
-impl<C: Clock + Clone> MultiLimiter<C> {
-    /// The limiter for `quotas`, every limit reading `clock`.
-    pub fn with_clock(quotas: Quotas, clock: C) -> Self {
-        let limits = quotas
+/// Builds a [`MultiLimiter`]: `MultiLimiter::builder(quotas)`. Every limit
+/// gets the same clock.
+#[derive(Debug)]
+pub struct MultiLimiterBuilder<C = DefaultClock> {
+    quotas: Quotas,
+    clock: C,
+}
+
+impl<C: Clock + Clone> MultiLimiterBuilder<C> {
+    /// Reads time from `clock` (a [`ManualClock`](crate::ManualClock) in
+    /// tests), in every limit.
+    pub fn clock<C2: Clock + Clone>(self, clock: C2) -> MultiLimiterBuilder<C2> {
+        MultiLimiterBuilder {
+            quotas: self.quotas,
+            clock,
+        }
+    }
+
+    /// The limiter.
+    pub fn build(self) -> MultiLimiter<C> {
+        let limits = self
+            .quotas
             .as_slice()
             .iter()
-            .map(|quota| DirectLimiter::with_clock(*quota, clock.clone()))
+            .map(|quota| {
+                DirectLimiter::builder(*quota)
+                    .clock(self.clock.clone())
+                    .build()
+            })
             .collect();
         MultiLimiter { limits }
     }
@@ -730,18 +761,6 @@ where
             overflow: OverflowPolicy::default(),
             keys: PhantomData,
         }
-    }
-}
-
-impl<K, C> KeyedMultiLimiter<K, C>
-where
-    K: Hash + Eq + Send + Sync + 'static,
-    C: Clock + Clone,
-{
-    /// The limiter for `quotas` per key, every limit reading `clock`
-    /// (`builder(quotas).clock(clock).build()`).
-    pub fn with_clock(quotas: Quotas, clock: C) -> Self {
-        KeyedMultiLimiter::builder(quotas).clock(clock).build()
     }
 }
 
@@ -1052,10 +1071,11 @@ mod tests {
     /// limit 0 (burst 2) has exactly one token left.
     #[test]
     fn a_keyed_rollback_held_across_a_reset_takes_nothing_from_the_new_bucket() {
-        let keyed = Arc::new(KeyedMultiLimiter::<u64, _>::with_clock(
-            HELD_ACROSS_RESET.parse().unwrap(),
-            ManualClock::new(),
-        ));
+        let keyed = Arc::new(
+            KeyedMultiLimiter::<u64, _>::builder(HELD_ACROSS_RESET.parse().unwrap())
+                .clock(ManualClock::new())
+                .build(),
+        );
         let other = keyed.clone();
         after_first_charge(move || {
             assert!(other.reset(&7));
@@ -1072,10 +1092,11 @@ mod tests {
     /// bucket a charge went to ends at the next reset of that cell.
     #[test]
     fn a_direct_rollback_held_across_a_reset_takes_nothing_from_the_new_bucket() {
-        let direct = Arc::new(MultiLimiter::with_clock(
-            HELD_ACROSS_RESET.parse().unwrap(),
-            ManualClock::new(),
-        ));
+        let direct = Arc::new(
+            MultiLimiter::builder(HELD_ACROSS_RESET.parse().unwrap())
+                .clock(ManualClock::new())
+                .build(),
+        );
         let other = direct.clone();
         after_first_charge(move || {
             assert!(other.reset());
@@ -1271,8 +1292,12 @@ mod tests {
                 let quotas = Quotas::new(vec![first, second]).unwrap();
                 let max_cost = quotas.min_burst().min(2);
                 let clock = ManualClock::new();
-                let direct = MultiLimiter::with_clock(quotas.clone(), clock.clone());
-                let keyed = KeyedMultiLimiter::<u64, _>::with_clock(quotas.clone(), clock.clone());
+                let direct = MultiLimiter::builder(quotas.clone())
+                    .clock(clock.clone())
+                    .build();
+                let keyed = KeyedMultiLimiter::<u64, _>::builder(quotas.clone())
+                    .clock(clock.clone())
+                    .build();
                 let done = AtomicBool::new(false);
                 let admitted: Vec<(u64, u64)> = std::thread::scope(|s| {
                     let ticker = s.spawn(|| {
