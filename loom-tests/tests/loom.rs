@@ -874,7 +874,7 @@ fn keyed_multi_first_requests_race() {
     let since = model_preempted(1, || {
         let quotas: Quotas = "10000/s burst 2; 10000/s burst 1".parse().unwrap();
         let limiter = Arc::new(
-            KeyedMultiLimiter::<u64, ManualClock>::builder(quotas)
+            KeyedMultiLimiter::<u64>::builder(quotas)
                 .clock(ManualClock::new())
                 .build(),
         );

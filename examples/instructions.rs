@@ -1,0 +1,82 @@
+//! Fixed work for counting instructions, the one measure this project's
+//! noisy 2-core guests cannot disturb (`BENCHMARKS.md`, "Instructions per
+//! check"). Time is what matters, and criterion measures it; this tells
+//! whether a change added or removed work when two timings disagree by
+//! less than their noise.
+//!
+//! ```sh
+//! cargo build --release --example instructions
+//! valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+//!     target/release/examples/instructions churn
+//! ```
+//!
+//! Modes: `hits` (1,000 keys, 2,000,000 checks), `million` (200,000 keys,
+//! 2,000,000 checks), `churn` (1,000,000 new keys at a 50,000-key bound),
+//! `strings` (1,000 `String` keys, 1,000,000 checks), `multi` (a one-limit
+//! `KeyedMultiLimiter`, 1,000 keys, 2,000,000 checks).
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use turnstile_rl::{KeyedLimiter, KeyedMultiLimiter, Quota, Quotas};
+
+fn main() {
+    let Some(mode) = std::env::args().nth(1) else {
+        eprintln!("usage: instructions <hits|million|churn|strings|multi>");
+        std::process::exit(2);
+    };
+    // Every check is admitted: the work measured is the lookup and the CAS.
+    let quota = Quota::with_period(Duration::from_secs(15))
+        .and_then(|quota| quota.burst(1_000_000_000))
+        .expect("a valid quota");
+    let admitted = match mode.as_str() {
+        "hits" => keyed(quota, 1_000),
+        "million" => keyed(quota, 200_000),
+        "churn" => {
+            let limiter = KeyedLimiter::<u64>::builder(quota).max_keys(50_000).build();
+            (0..1_000_000u64)
+                .filter(|i| {
+                    let key = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    black_box(limiter.check(black_box(&key))).is_allowed()
+                })
+                .count()
+        }
+        "strings" => {
+            let limiter = KeyedLimiter::<String>::new(quota);
+            let keys: Vec<String> = (0..1_000).map(|i| format!("key-{i:012}")).collect();
+            for key in &keys {
+                let _ = limiter.check(key.as_str());
+            }
+            (0..1_000_000usize)
+                .filter(|i| {
+                    let key = keys[(i * 7_919) % keys.len()].as_str();
+                    black_box(limiter.check(black_box(key))).is_allowed()
+                })
+                .count()
+        }
+        "multi" => {
+            let limiter = KeyedMultiLimiter::<u64>::new(Quotas::from(quota));
+            walk(1_000, |key| limiter.check(key).is_allowed())
+        }
+        other => {
+            eprintln!("instructions: no mode {other:?}");
+            std::process::exit(2);
+        }
+    };
+    eprintln!("{mode}: {admitted} admitted");
+}
+
+/// Checks `keys` keys once each, then 2,000,000 times in a scattered order.
+fn keyed(quota: Quota, keys: u64) -> usize {
+    let limiter = KeyedLimiter::<u64>::new(quota);
+    walk(keys, |key| limiter.check(key).is_allowed())
+}
+
+fn walk(keys: u64, check: impl Fn(&u64) -> bool) -> usize {
+    for key in 0..keys {
+        check(&key);
+    }
+    (0..2_000_000u64)
+        .filter(|i| black_box(check(black_box(&((i * 2_654_435_761) % keys)))))
+        .count()
+}
