@@ -38,6 +38,17 @@ cargo fmt --all -- --check
 step "the declared minimum Rust version is the locked tree's (scripts/msrv.sh)"
 scripts/msrv.sh
 
+# What crates.io would receive: the package builds on its own, and cargo
+# has nothing to warn about (a target left out of it, a profile override
+# that matches nothing there). --allow-dirty: the check is of the files,
+# so it also runs mid-change. Not --quiet: that hides the warnings too.
+step "cargo package (the published crate builds, without a warning)"
+package_log=$(cargo package --allow-dirty -p turnstile-rl 2>&1) || { printf '%s\n' "$package_log"; exit 1; }
+if grep -i "warning" <<<"$package_log"; then
+    echo "cargo package warned (above); see the comments at Cargo.toml's include list" >&2
+    exit 1
+fi
+
 # Default features and every feature: code behind a feature gate must not
 # break the build without it, and the tower/tokio code is linted too.
 step "cargo clippy (all targets, default and all features, warnings are errors)"
