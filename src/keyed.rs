@@ -12,8 +12,8 @@
 //!   evictor claims the cell with a CAS to the tombstone; an update that
 //!   meets the tombstone goes back to the map and starts a fresh bucket,
 //!   so no update is ever applied to a cell being removed.
-//! - **Every `TICK` of clock time**, the first `check` that notices it
-//!   sweeps `SWEEP_SLOTS` slots of the table for idle keys (or, while the
+//! - **Every [`TICK`] of clock time**, the first `check` that notices it
+//!   sweeps [`SWEEP_SLOTS`] slots of the table for idle keys (or, while the
 //!   table is being resized, copies that many slots instead). Every other
 //!   `check` pays one relaxed load of the next tick's time. After a
 //!   burst of keys goes idle, a table of `S` slots is swept in
@@ -21,7 +21,7 @@
 //!   returns to within a few kilobytes of its baseline
 //!   (`tests/map/memory.rs` measures it for a million idle `u64` keys).
 //! - **When the table is mostly dead weight or far larger than the keys it
-//!   holds need** (the thresholds are `compact_if_sparse`'s, in
+//!   holds need** (the thresholds are `compact_if_sparse`'s, in the source's
 //!   `map::raw::migrate`), the sweep starts a migration to a table sized
 //!   for those keys (`capacity_for` in `map::raw::table`), so memory
 //!   follows the keys down as well as up. Inserts trigger the same
@@ -158,7 +158,7 @@ use crate::stats::{Counters, Event};
 use crate::sync::{AtomicU64, Ordering};
 
 /// Clock time between two housekeeping steps.
-pub(crate) const TICK: std::time::Duration = std::time::Duration::from_millis(1);
+pub const TICK: std::time::Duration = std::time::Duration::from_millis(1);
 /// [`TICK`] in the clock's nanoseconds, as the check compares it.
 const TICK_NANOS: u64 = TICK.as_nanos() as u64;
 /// How far beyond a check's reading the tick time may be before the check
@@ -168,8 +168,8 @@ const TICK_NANOS: u64 = TICK.as_nanos() as u64;
 /// one.
 const AHEAD: u64 = 2 * TICK_NANOS;
 /// Slots one housekeeping step sweeps (or copies): a few microseconds of
-/// work, taken by one caller once per `TICK`.
-pub(crate) const SWEEP_SLOTS: usize = 256;
+/// work, taken by one caller once per [`TICK`].
+pub const SWEEP_SLOTS: usize = 256;
 /// The most live keys compared to choose a victim when the limiter is full
 /// (they are found on the lines a new key's lookup read: see
 /// `evict_one_near`).
