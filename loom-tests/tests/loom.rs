@@ -903,3 +903,40 @@ fn keyed_multi_first_requests_race() {
         "a rollback finding the first limit moved since its charge",
     );
 }
+
+/// (t) An overflow eviction at `max_keys(2)` racing the insert that holds
+/// the other place: the map holds a drained key and a place reserved for a
+/// new key still on its way in when a second new key finds no room. Its
+/// eviction must not compare the drained key alone (that would hand the
+/// drained key a full burst): it evicts nothing until the insert is in,
+/// then evicts one of the two fresh buckets, which are fuller. One
+/// preemption is the race (the insert stopped between its reservation and
+/// its publish); each insert here also grows the two-slot table.
+#[test]
+fn eviction_waits_for_the_place_an_insert_holds() {
+    let since = model_preempted(1, || {
+        let limiter = Arc::new(
+            KeyedLimiter::builder(quota(2))
+                .clock(ManualClock::new())
+                .max_keys(2)
+                .build(),
+        );
+        // Drained: further from full than a fresh key after one request.
+        assert!(limiter.check(&1).is_allowed());
+        assert!(limiter.check(&1).is_allowed());
+        let other = limiter.clone();
+        let a = spawn(move || other.check(&2).is_allowed());
+        let b = limiter.check(&3).is_allowed();
+        let a = a.join().unwrap();
+        assert!(a && b, "a fresh key with room or a victim is admitted");
+        assert!(
+            limiter.check(&1).is_denied(),
+            "the drained key was evicted and came back with a full burst"
+        );
+    });
+    reached(
+        since,
+        &probe::EVICTION_WAITED_FOR_UNPUBLISHED,
+        "an eviction finding one published bucket while the map held two",
+    );
+}

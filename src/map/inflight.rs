@@ -45,7 +45,10 @@ impl InFlight {
     }
 
     fn stripe(&self, hash: u64) -> &AtomicUsize {
-        // The top bits: the table's home slot uses the bottom ones.
+        // The top bits, which also place a key's home (a multiply-shift
+        // of the hash, `Table::home`): a stripe's keys are neighbours in
+        // the table, so a check waits for the inserts near its own key,
+        // the ones an eviction for it would meet.
         &self.stripes[(hash >> 56) as usize % STRIPES]
     }
 

@@ -235,6 +235,59 @@ fn evict_fullest_admits_fresh_keys_under_contention() {
     }
 }
 
+/// At a tiny `max_keys`, a drained key checked from four threads while
+/// four others flood the limiter with fresh keys. A fresh bucket (one
+/// request in) is fuller than the drained one, so an eviction that
+/// compares two never chooses the drained key, and it is never admitted
+/// again. An eviction that found it alone in the map while a fresh key's
+/// insert held the other place used to choose it: 3 to 24 admissions a
+/// run at `max_keys(2)`, before the eviction waited for that insert (the
+/// loom model `eviction_waits_for_the_place_an_insert_holds` stages it).
+#[test]
+fn a_drained_key_is_never_evicted_by_a_flood() {
+    let _serial = serial();
+    const THREADS: u64 = 8;
+    const CHECKS: u64 = 20_000;
+    let drained = u64::MAX;
+    for max_keys in [2usize, 3, 5, 17] {
+        let limiter = KeyedLimiter::builder("1/h burst 3".parse::<Quota>().unwrap())
+            .clock(ManualClock::new())
+            .max_keys(max_keys)
+            .overflow(OverflowPolicy::EvictFullest)
+            .build();
+        for _ in 0..3 {
+            assert!(limiter.check(&drained).is_allowed());
+        }
+        let start = Barrier::new(THREADS as usize);
+        let readmitted: u64 = thread::scope(|s| {
+            let workers: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let (limiter, start) = (&limiter, &start);
+                    s.spawn(move || {
+                        start.wait();
+                        if t % 2 == 0 {
+                            (0..CHECKS)
+                                .filter(|_| limiter.check(&drained).is_allowed())
+                                .count() as u64
+                        } else {
+                            for i in 0..CHECKS {
+                                let _ = limiter.check(&(t << 32 | i));
+                            }
+                            0
+                        }
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        let evictions = limiter.stats().overflow_evictions;
+        println!("max_keys({max_keys}): {evictions} evictions, drained key admitted {readmitted} times");
+        // The flood ran at the bound: most fresh keys evicted another.
+        assert!(evictions >= CHECKS, "max_keys({max_keys}): only {evictions} evictions");
+        assert_eq!(readmitted, 0, "max_keys({max_keys}): the drained key was evicted");
+    }
+}
+
 /// `max_keys` 100 under `EvictFullest`, 6 threads of random keys,
 /// one thread jumping the clock and evicting idle keys. `len` must never
 /// pass `max_keys`, must end at 0, and every key is dropped once.
