@@ -281,10 +281,18 @@ fn a_drained_key_is_never_evicted_by_a_flood() {
             workers.into_iter().map(|w| w.join().unwrap()).sum()
         });
         let evictions = limiter.stats().overflow_evictions;
-        println!("max_keys({max_keys}): {evictions} evictions, drained key admitted {readmitted} times");
+        println!(
+            "max_keys({max_keys}): {evictions} evictions, drained key admitted {readmitted} times"
+        );
         // The flood ran at the bound: most fresh keys evicted another.
-        assert!(evictions >= CHECKS, "max_keys({max_keys}): only {evictions} evictions");
-        assert_eq!(readmitted, 0, "max_keys({max_keys}): the drained key was evicted");
+        assert!(
+            evictions >= CHECKS,
+            "max_keys({max_keys}): only {evictions} evictions"
+        );
+        assert_eq!(
+            readmitted, 0,
+            "max_keys({max_keys}): the drained key was evicted"
+        );
     }
 }
 
