@@ -136,10 +136,11 @@ impl<K: Hash + Eq> RawMap<K> {
     /// holds two, so a busy key is never chosen merely for being alone in
     /// its neighbourhood or in the map: when every place but one is held
     /// by a bucket not yet published (an insert's, or one a migration is
-    /// copying), nothing is evicted, and the caller tries again. States are read in place; the one key compared
-    /// is the chosen victim's, because an eviction made for `key` must
-    /// never evict `key`: if the victim is `key`'s own bucket, the key is
-    /// tracked after all and that bucket is returned instead.
+    /// copying), nothing is evicted, and the caller tries again. States
+    /// are read in place; the one key compared is the chosen victim's,
+    /// because an eviction made for `key` must never evict `key`: if the
+    /// victim is `key`'s own bucket, the key is tracked after all and that
+    /// bucket is returned instead.
     ///
     /// The scan reads a window of [`EVICTION_LINES`] cache lines' worth of
     /// slots from the key's home in each table, doubled on each `attempt`
@@ -209,13 +210,14 @@ impl<K: Hash + Eq> RawMap<K> {
                 candidates.consider(slot);
             }
         }
-        // Still one: the whole of both tables holds one published bucket.
-        // If the map holds two all the same, the other is on its way in (an
-        // insert's reserved place, or a bucket a migration is copying):
-        // evicting the one in hand would compare it with nothing, and a
-        // drained key evicted that way comes back with a full burst. The
-        // caller waits for inserts in flight and samples again (and in the
-        // end refuses the new key rather than evict that way).
+        // Fewer than two: both tables, whole, hold at most one published
+        // bucket. If the map holds two all the same, the other is on its
+        // way in (an insert's reserved place, or a bucket a migration is
+        // copying): evicting the one in hand would compare it with
+        // nothing, and a drained key evicted that way comes back with a
+        // full burst. The caller waits for inserts in flight and samples
+        // again (and in the end refuses the new key rather than evict
+        // that way).
         if candidates.seen < 2 && self.held() >= 2 {
             probe!(EVICTION_WAITED_FOR_UNPUBLISHED);
             return Evicted::Nothing;
