@@ -34,27 +34,14 @@ fn main() {
     let admitted = match mode.as_str() {
         "hits" => keyed(quota, 1_000),
         "million" => keyed(quota, 200_000),
-        "churn" => {
-            let limiter = KeyedLimiter::<u64>::builder(quota).max_keys(50_000).build();
-            (0..1_000_000u64)
-                .filter(|i| {
-                    let key = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-                    black_box(limiter.check(black_box(&key))).is_allowed()
-                })
-                .count()
-        }
+        "churn" => churn(
+            KeyedLimiter::<u64>::builder(quota).max_keys(50_000).build(),
+            1_000_000,
+        ),
         // At the default bound (1,000,000 keys), which outgrows the cache:
         // for `perf record`, where the misses are the cost (BENCHMARKS.md,
         // "Profile: where the time goes (churn)").
-        "churn-at-default-bound" => {
-            let limiter = KeyedLimiter::<u64>::new(quota);
-            (0..3_000_000u64)
-                .filter(|i| {
-                    let key = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-                    black_box(limiter.check(black_box(&key))).is_allowed()
-                })
-                .count()
-        }
+        "churn-at-default-bound" => churn(KeyedLimiter::<u64>::new(quota), 3_000_000),
         "strings" => {
             let limiter = KeyedLimiter::<String>::new(quota);
             let keys: Vec<String> = (0..1_000).map(|i| format!("key-{i:012}")).collect();
@@ -78,6 +65,16 @@ fn main() {
         }
     };
     eprintln!("{mode}: {admitted} admitted");
+}
+
+/// Checks `new_keys` keys never seen before, one each.
+fn churn(limiter: KeyedLimiter<u64>, new_keys: u64) -> usize {
+    (0..new_keys)
+        .filter(|i| {
+            let key = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            black_box(limiter.check(black_box(&key))).is_allowed()
+        })
+        .count()
 }
 
 /// Checks `keys` keys once each, then 2,000,000 times in a scattered order.
