@@ -88,9 +88,10 @@ pub static NO_ROOM_FOUND_KEY: Probe = Probe::new();
 /// An overflow eviction made for a key chose that key's own bucket, and
 /// decided on it instead of evicting it.
 pub static EVICTION_SPARED_OWN_KEY: Probe = Probe::new();
-/// An overflow eviction found one published bucket while the map held two
-/// (the other reserved by an insert, or being copied), and evicted nothing.
-pub static EVICTION_WAITED_FOR_UNPUBLISHED: Probe = Probe::new();
+/// An overflow eviction found one published bucket in a map with room for
+/// two (the other place free, reserved by an insert, or being copied), and
+/// evicted nothing.
+pub static EVICTION_FOUND_ONE_OF_TWO_PLACES: Probe = Probe::new();
 /// An eviction of every idle key (`clear`, `evict_idle`) found chunks of
 /// the migration it runs claimed by another thread first, and waited for
 /// them before sweeping the successor.

@@ -936,7 +936,7 @@ fn eviction_waits_for_the_place_an_insert_holds() {
     });
     reached(
         since,
-        &probe::EVICTION_WAITED_FOR_UNPUBLISHED,
+        &probe::EVICTION_FOUND_ONE_OF_TWO_PLACES,
         "an eviction finding one published bucket while the map held two",
     );
 }

@@ -296,6 +296,73 @@ fn a_drained_key_is_never_evicted_by_a_flood() {
     }
 }
 
+/// Four first requests of one key (burst 2) at `max_keys(2)`, beside two
+/// threads flooding keys fuller than it: at most two admitted, however
+/// the requests interleave. An adversary's test found a third: a second
+/// request that evicted a flood key, then found its key already there,
+/// gave the place back; a flooder whose reservation had just failed then
+/// saw one bucket in the map, the key's, and evicted it alone (the key
+/// came back with a full burst). An eviction with room for two never
+/// evicts a bucket it could not compare. Failed within 245 to 8,112
+/// rounds before that (the loom model
+/// `eviction_waits_for_the_place_an_insert_holds` stages the neighbouring
+/// race).
+#[test]
+fn first_requests_beside_a_flood_at_max_keys_2_stay_within_the_burst() {
+    let _serial = serial();
+    const ROUNDS: u64 = 3_000;
+    let quota = "1/h burst 2".parse::<Quota>().unwrap();
+    let fuller = "1000/s burst 2".parse::<Quota>().unwrap();
+    let mut evictions = 0;
+    for round in 0..ROUNDS {
+        let limiter = KeyedLimiter::builder(quota)
+            .clock(ManualClock::new())
+            .max_keys(2)
+            .overflow(OverflowPolicy::EvictFullest)
+            .build();
+        let (stop, admitted, next) = (AtomicBool::new(false), AtomicU64::new(0), AtomicU64::new(0));
+        let start = Barrier::new(6);
+        thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    start.wait();
+                    while !stop.load(Ordering::Relaxed) {
+                        let key = next.fetch_add(1, Ordering::Relaxed);
+                        let _ = limiter.check_with(&key, &fuller);
+                    }
+                });
+            }
+            let requests: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        start.wait();
+                        // Stagger the requests differently each round.
+                        for _ in 0..(round % 7) * 50 {
+                            std::hint::spin_loop();
+                        }
+                        if limiter.check(&u64::MAX).is_allowed() {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    })
+                })
+                .collect();
+            for request in requests {
+                request.join().unwrap();
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        evictions += limiter.stats().overflow_evictions;
+        let admitted = admitted.load(Ordering::Relaxed);
+        assert!(
+            admitted <= 2,
+            "round {round}: the key admitted {admitted} times, burst 2"
+        );
+    }
+    println!("{ROUNDS} rounds, {evictions} evictions");
+    // The floods ran at the bound: fresh keys evicted one another.
+    assert!(evictions >= ROUNDS, "only {evictions} evictions");
+}
+
 /// `max_keys` 100 under `EvictFullest`, 6 threads of random keys,
 /// one thread jumping the clock and evicting idle keys. `len` must never
 /// pass `max_keys`, must end at 0, and every key is dropped once.

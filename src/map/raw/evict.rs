@@ -134,9 +134,9 @@ impl<K: Hash + Eq> RawMap<K> {
     /// root (whose frozen buckets can no longer be claimed), to make room
     /// for `key`. At least two candidates are compared whenever the map
     /// holds two, so a busy key is never chosen merely for being alone in
-    /// its neighbourhood or in the map: when every place but one is held
-    /// by a bucket not yet published (an insert's, or one a migration is
-    /// copying), nothing is evicted, and the caller tries again. States
+    /// its neighbourhood or in the map: when both tables show one bucket
+    /// (the other place free, or held by a bucket not yet published),
+    /// nothing is evicted, and the caller tries again. States
     /// are read in place; the one key compared is the chosen victim's,
     /// because an eviction made for `key` must never evict `key`: if the
     /// victim is `key`'s own bucket, the key is tracked after all and that
@@ -211,15 +211,17 @@ impl<K: Hash + Eq> RawMap<K> {
             }
         }
         // Fewer than two: both tables, whole, hold at most one published
-        // bucket. If the map holds two all the same, the other is on its
-        // way in (an insert's reserved place, or a bucket a migration is
-        // copying): evicting the one in hand would compare it with
-        // nothing, and a drained key evicted that way comes back with a
-        // full burst. The caller waits for inserts in flight and samples
-        // again (and in the end refuses the new key rather than evict
-        // that way).
-        if candidates.seen < 2 && self.held() >= 2 {
-            probe!(EVICTION_WAITED_FOR_UNPUBLISHED);
+        // bucket. Evicting it would compare it with nothing, and a drained
+        // key evicted that way comes back with a full burst. Unless one
+        // key is all the map may hold, a second place exists: free (an
+        // insert that found its key already there gave its place back
+        // after this caller's reservation failed), or held by a bucket on
+        // its way in (an insert's, or one a migration is copying). Either
+        // way the caller tries again: it reserves the free place, or waits
+        // for inserts in flight and samples again (and in the end refuses
+        // the new key rather than evict that way).
+        if candidates.seen < 2 && self.max_keys >= 2 {
+            probe!(EVICTION_FOUND_ONE_OF_TWO_PLACES);
             return Evicted::Nothing;
         }
         let Some((slot, state)) = candidates.best else {

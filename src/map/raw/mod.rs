@@ -97,6 +97,10 @@ pub(crate) struct RawMap<K> {
     /// The capacity past which no table grows: the size for `max_keys`
     /// (see [`largest_capacity`]).
     largest: usize,
+    /// The most live keys the caller reserves room for (`try_reserve`):
+    /// from two on, an overflow eviction always has two buckets to
+    /// compare, or waits until it has (see `evict_one_near`).
+    max_keys: usize,
     /// Hashes keys; a migration rehashes each key it copies.
     hasher: ahash::RandomState,
     /// Inserts announced and not yet finished (see `super::inflight`).
@@ -109,6 +113,7 @@ impl<K> RawMap<K> {
     pub(crate) fn new(hasher: ahash::RandomState, max_keys: usize) -> Self {
         RawMap {
             largest: largest_capacity(max_keys),
+            max_keys,
             root: Atomic::new(Table::new(MIN_CAPACITY, 0)),
             len: CachePadded::new(AtomicUsize::new(0)),
             hasher,
