@@ -25,7 +25,7 @@ use crate::keys::{
 };
 use crate::serial;
 use crate::support::{
-    bound_table, fast_quota, hot_quota, wait_progress, watchdog, Seen, HOT_BURST, PROGRESS,
+    bound_table, fast_quota, hot_quota, top_up, wait_progress, watchdog, Seen, HOT_BURST, PROGRESS,
 };
 
 /// Replayed deterministically: a shrinking migration is sized for
@@ -372,6 +372,9 @@ fn exact_burst_race(
             }
         }
         stop.store(true, Ordering::Relaxed);
+    });
+    top_up("exact burst", &admitted, HOT_BURST, |i| {
+        limiter.check(&hot_keys[i]).is_allowed()
     });
     // Every hot key is exhausted; nothing else is tracked after a sweep at
     // the same reading but the hot keys.
@@ -847,6 +850,11 @@ fn growth_against_shrinking<K: TestKey>(how: Shrink) {
                 }
                 stop.store(true, Ordering::Relaxed);
             });
+            if let Shrink::EvictIdle = how {
+                top_up("growth against evict_idle", &admitted, BURST, |i| {
+                    check(&limiter, &K::new(i as u64)).is_allowed()
+                });
+            }
             let admitted: Vec<u64> = admitted.iter().map(|a| a.load(Ordering::Relaxed)).collect();
             clock.advance(Duration::from_secs(365 * 24 * 3600));
             limiter.evict_idle();
@@ -1095,6 +1103,9 @@ fn shrink_race(max_keys: usize) {
         stop.store(true, Ordering::Relaxed);
     });
     let stats = limiter.stats();
+    top_up("evict_idle race", &admitted, BURST, |i| {
+        check(&limiter, &Id::new(1 << 50 | i as u64)).is_allowed()
+    });
     let admitted: Vec<u64> = admitted.iter().map(|a| a.load(Ordering::Relaxed)).collect();
     clock.advance(Duration::from_millis(5));
     limiter.evict_idle();
