@@ -14,6 +14,21 @@ use crate::quota::Quota;
 /// Clock time between two housekeeping steps of a keyed limiter.
 pub const TICK: std::time::Duration = crate::keyed::TICK;
 
+/// Multi-limit rollbacks that raced since the process started, by how:
+/// `(moved, gone, after_reset)`: the limit's state had moved since the
+/// charge; the keyed bucket was dead or frozen; a reset of the direct
+/// bucket came in between. What the stress tests read to know they
+/// reached their races.
+pub fn rollback_races() -> (u64, u64, u64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let races = &crate::multi::charge::RACES;
+    (
+        races.moved.load(Relaxed),
+        races.gone.load(Relaxed),
+        races.after_reset.load(Relaxed),
+    )
+}
+
 /// A quota's emission interval `T`, in nanoseconds.
 pub fn interval_nanos(quota: &Quota) -> u64 {
     quota.interval_nanos()

@@ -10,83 +10,141 @@
 //! from then on, and the last limit's admissions are never rolled back. So
 //! the requests admitted are exactly the buckets that limit ever held:
 //! those live at the end plus those evicted, reset or cleared.
+//!
+//! Each test also asserts that it reached the race it names, from the
+//! process's counts of raced rollbacks (`rollback_races`); the tests run
+//! one at a time, so the counts each one reads are its own.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Barrier, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
+use turnstile_rl::__private::rollback_races;
 use turnstile_rl::{KeyedMultiLimiter, ManualClock, MultiLimiter, OverflowPolicy, Quotas};
 use turnstile_test_kit::watchdog::Watchdog;
 
 const THREADS: u64 = 4;
 
+/// One test at a time (a failed one poisons nothing for the others).
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Rounds of a race, each exact by itself, run until the rollbacks that
+/// raced in all of them (`(moved, gone, after_reset)`, see
+/// `rollback_races`) show the race the test names (`reached`), at most 50
+/// rounds or 30 s; then asserts that they do. One round of a few thousand
+/// checks per thread often raced no rollback at all (the threads barely
+/// overlapped), which passed without testing anything.
+fn rounds_until_reached(
+    name: &str,
+    reached: impl Fn((u64, u64, u64)) -> bool,
+    mut round: impl FnMut(),
+) {
+    let start = Instant::now();
+    let before = rollback_races();
+    let mut rounds = 0;
+    let raced = loop {
+        round();
+        rounds += 1;
+        let now = rollback_races();
+        let raced = (now.0 - before.0, now.1 - before.1, now.2 - before.2);
+        if reached(raced) || rounds == 50 || start.elapsed() > Duration::from_secs(30) {
+            break raced;
+        }
+    };
+    eprintln!("{name}: {rounds} rounds, rollbacks raced (moved, gone, after reset): {raced:?}");
+    assert!(
+        reached(raced),
+        "{name}: not reached in {rounds} rounds: rollbacks raced (moved, gone, after reset) {raced:?}"
+    );
+}
+
 /// Keyed, two limits, 4 keys of room per limit for 16 keys, `clear` in a
 /// loop: evictions for room, inserts, migrations and clears race the
-/// charges and rollbacks.
+/// charges and rollbacks. Reached: rollbacks that found their bucket
+/// evicted or cleared (`EvictFullest`), and that found its state moved.
 #[test]
 fn keyed_rollbacks_racing_clear_and_eviction_admit_once_per_bucket() {
+    let _serial = serial();
     let dog = Watchdog::start(
         "keyed rollbacks racing clear",
         Duration::from_secs(20),
         Duration::from_secs(120),
     );
     for policy in [OverflowPolicy::EvictFullest, OverflowPolicy::Deny] {
-        let quotas: Quotas = "1/h burst 1000; 1/h burst 1".parse().unwrap();
-        let clock = ManualClock::new();
-        clock.set(Duration::from_secs(10));
-        let limiter = KeyedMultiLimiter::<u64, _>::builder(quotas)
-            .clock(clock)
-            .max_keys(4)
-            .overflow(policy)
-            .build();
-        let admitted = AtomicU64::new(0);
-        let done = AtomicBool::new(false);
-        let clears = AtomicU64::new(0);
-        std::thread::scope(|s| {
-            let workers: Vec<_> = (0..THREADS)
-                .map(|t| {
-                    let (limiter, admitted, dog) = (&limiter, &admitted, &dog);
-                    s.spawn(move || {
-                        for i in 0..40_000u64 {
-                            // The threads walk the keys in different orders,
-                            // so they meet on cells, inserts and evictions.
-                            let key = (i * (2 * t + 1)) % 16;
-                            if limiter.check(&key).is_allowed() {
-                                admitted.fetch_add(1, Ordering::Relaxed);
-                            }
-                            dog.tick();
-                        }
-                    })
-                })
-                .collect();
-            s.spawn(|| {
-                while !done.load(Ordering::Relaxed) {
-                    limiter.clear();
-                    clears.fetch_add(1, Ordering::Relaxed);
-                    dog.tick();
-                    std::thread::yield_now();
-                }
-            });
-            for worker in workers {
-                worker.join().unwrap();
-            }
-            done.store(true, Ordering::Relaxed);
+        let evicts = policy == OverflowPolicy::EvictFullest;
+        let reached = |(moved, gone, _): (u64, u64, u64)| moved >= 100 && (!evicts || gone >= 100);
+        rounds_until_reached(&format!("{policy:?}"), reached, || {
+            clear_race_round(policy, &dog)
         });
-        let last = limiter.limits()[1].stats();
-        let held = last.keys_held + last.overflow_evictions + last.resets + last.idle_evictions;
-        assert_eq!(
-            admitted.load(Ordering::Relaxed),
-            held,
-            "{policy:?}: admitted requests against the buckets the last limit held ({last:?})"
-        );
-        assert!(clears.load(Ordering::Relaxed) > 0);
-        if policy == OverflowPolicy::Deny {
-            assert!(
-                last.overflow_refusals > 0 || limiter.limits()[0].stats().overflow_refusals > 0,
-                "the tiny bound never refused a key"
-            );
-        }
     }
     dog.finish();
+}
+
+/// One round of [`keyed_rollbacks_racing_clear_and_eviction_admit_once_per_bucket`].
+fn clear_race_round(policy: OverflowPolicy, dog: &Watchdog) {
+    let quotas: Quotas = "1/h burst 1000; 1/h burst 1".parse().unwrap();
+    let clock = ManualClock::new();
+    clock.set(Duration::from_secs(10));
+    let limiter = KeyedMultiLimiter::<u64, _>::builder(quotas)
+        .clock(clock)
+        .max_keys(4)
+        .overflow(policy)
+        .build();
+    let admitted = AtomicU64::new(0);
+    let done = AtomicBool::new(false);
+    let clears = AtomicU64::new(0);
+    let start = Barrier::new(THREADS as usize + 1);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (limiter, admitted, start) = (&limiter, &admitted, &start);
+                s.spawn(move || {
+                    start.wait();
+                    for i in 0..20_000u64 {
+                        // The threads walk the keys in different orders, so
+                        // they meet on cells, inserts and evictions.
+                        let key = (i * (2 * t + 1)) % 16;
+                        if limiter.check(&key).is_allowed() {
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                        }
+                        dog.tick();
+                    }
+                })
+            })
+            .collect();
+        s.spawn(|| {
+            start.wait();
+            while !done.load(Ordering::Relaxed) {
+                limiter.clear();
+                clears.fetch_add(1, Ordering::Relaxed);
+                dog.tick();
+                std::thread::yield_now();
+            }
+        });
+        for worker in workers {
+            worker.join().unwrap();
+        }
+        done.store(true, Ordering::Relaxed);
+    });
+    let last = limiter.limits()[1].stats();
+    let held = last.keys_held + last.overflow_evictions + last.resets + last.idle_evictions;
+    assert_eq!(
+        admitted.load(Ordering::Relaxed),
+        held,
+        "{policy:?}: admitted requests against the buckets the last limit held ({last:?})"
+    );
+    assert!(clears.load(Ordering::Relaxed) > 0);
+    if policy == OverflowPolicy::Deny {
+        assert!(
+            last.overflow_refusals > 0 || limiter.limits()[0].stats().overflow_refusals > 0,
+            "the tiny bound never refused a key"
+        );
+    }
 }
 
 /// Keyed, no clear: eight keys fill both limits before the race (so no
@@ -96,13 +154,25 @@ fn keyed_rollbacks_racing_clear_and_eviction_admit_once_per_bucket() {
 /// rolled back, racing the other threads' charges and rollbacks on the
 /// same cell. Exact: each tracked key admitted 3, holds exactly 3 in the
 /// first limit; the others admitted nothing and are tracked nowhere.
+/// Reached: rollbacks that found the state moved since their charge.
 #[test]
 fn keyed_denials_by_the_last_limit_roll_back_exactly() {
+    let _serial = serial();
     let dog = Watchdog::start(
         "keyed denials roll back",
         Duration::from_secs(20),
         Duration::from_secs(120),
     );
+    rounds_until_reached(
+        "denials",
+        |(moved, _, _)| moved >= 100,
+        || denials_round(&dog),
+    );
+    dog.finish();
+}
+
+/// One round of [`keyed_denials_by_the_last_limit_roll_back_exactly`].
+fn denials_round(dog: &Watchdog) {
     let clock = ManualClock::new();
     clock.set(Duration::from_secs(10));
     let limiter =
@@ -116,10 +186,12 @@ fn keyed_denials_by_the_last_limit_roll_back_exactly() {
         assert!(limiter.check(&key).is_allowed());
         admitted[key as usize].fetch_add(1, Ordering::Relaxed);
     }
+    let start = Barrier::new(THREADS as usize);
     std::thread::scope(|s| {
         for t in 0..THREADS {
-            let (limiter, admitted, dog) = (&limiter, &admitted, &dog);
+            let (limiter, admitted, start) = (&limiter, &admitted, &start);
             s.spawn(move || {
+                start.wait();
                 for i in 0..20_000u64 {
                     let key = (i * (2 * t + 1) + t) % 16;
                     if limiter.check(&key).is_allowed() {
@@ -148,18 +220,28 @@ fn keyed_denials_by_the_last_limit_roll_back_exactly() {
         first.stats().overflow_refusals > 0,
         "no key ever found no room"
     );
-    dog.finish();
 }
 
-/// Direct, two limits, the last of burst 1, its bucket reset in a loop:
-/// each admission is the one its bucket allows between two resets.
+/// Direct, two limits, the last of burst 1, both buckets reset in a loop:
+/// each admission is the one the last limit's bucket allows between two
+/// resets, and a rollback of a charge made before a reset of the first
+/// limit takes nothing out of the new bucket. Reached: rollbacks that
+/// found a reset since their charge, and that found the state moved.
 #[test]
 fn direct_rollbacks_racing_resets_admit_once_per_bucket() {
+    let _serial = serial();
     let dog = Watchdog::start(
         "direct rollbacks racing resets",
         Duration::from_secs(20),
         Duration::from_secs(120),
     );
+    let reached = |(moved, _, after_reset): (u64, u64, u64)| moved >= 100 && after_reset >= 10;
+    rounds_until_reached("direct", reached, || direct_reset_round(&dog));
+    dog.finish();
+}
+
+/// One round of [`direct_rollbacks_racing_resets_admit_once_per_bucket`].
+fn direct_reset_round(dog: &Watchdog) {
     let clock = ManualClock::new();
     clock.set(Duration::from_secs(10));
     let limiter = MultiLimiter::builder("1/h burst 1000; 1/h burst 1".parse().unwrap())
@@ -168,12 +250,14 @@ fn direct_rollbacks_racing_resets_admit_once_per_bucket() {
     let admitted = AtomicU64::new(0);
     let emptied = AtomicU64::new(0);
     let done = AtomicBool::new(false);
+    let start = Barrier::new(THREADS as usize + 1);
     std::thread::scope(|s| {
         let workers: Vec<_> = (0..THREADS)
             .map(|_| {
-                let (limiter, admitted, dog) = (&limiter, &admitted, &dog);
+                let (limiter, admitted, start) = (&limiter, &admitted, &start);
                 s.spawn(move || {
-                    for _ in 0..40_000 {
+                    start.wait();
+                    for _ in 0..20_000 {
                         if limiter.check().is_allowed() {
                             admitted.fetch_add(1, Ordering::Relaxed);
                         }
@@ -183,10 +267,14 @@ fn direct_rollbacks_racing_resets_admit_once_per_bucket() {
             })
             .collect();
         s.spawn(|| {
+            start.wait();
             while !done.load(Ordering::Relaxed) {
                 if limiter.limits()[1].reset() {
                     emptied.fetch_add(1, Ordering::Relaxed);
                 }
+                // The first limit's bucket too: a rollback of a charge made
+                // before this reset finds it, and takes nothing out.
+                limiter.limits()[0].reset();
                 dog.tick();
                 std::thread::yield_now();
             }
@@ -203,13 +291,12 @@ fn direct_rollbacks_racing_resets_admit_once_per_bucket() {
         "one admission per bucket of the last limit"
     );
     // Every other check was denied by the last limit and rolled the first
-    // limit's charge back (or its bucket was never charged): the first
-    // limit holds the admissions only.
+    // limit's charge back (or its bucket was never charged, or was reset
+    // since): the first limit holds at most the admissions.
     let used = 999 - limiter.limits()[0].peek().remaining();
     assert!(
         used <= admitted.load(Ordering::Relaxed),
         "the first limit kept {used} charges for {} admissions",
         admitted.load(Ordering::Relaxed)
     );
-    dog.finish();
 }

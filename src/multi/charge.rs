@@ -4,6 +4,7 @@
 //! in the parent module).
 
 use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::algorithms::Gcra;
 use crate::cell::{Cell, Charge, Gone};
@@ -11,6 +12,28 @@ use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::direct::DirectLimiter;
 use crate::keyed::KeyedLimiter;
+
+/// Rollbacks that raced, by how, over the whole process: what the stress
+/// tests read to know they reached the races they name
+/// (`crate::__private::rollback_races`). Each is bumped on a cold path
+/// only, the race itself.
+pub(crate) struct Races {
+    /// The limit's state had moved since the charge (another admission or
+    /// rollback landed in between).
+    pub(crate) moved: AtomicU64,
+    /// The keyed bucket the charge landed on was dead (evicted, reset,
+    /// cleared) or frozen by a migration: nothing was taken out.
+    pub(crate) gone: AtomicU64,
+    /// A reset of the direct bucket came between the charge and the
+    /// rollback: nothing was taken out.
+    pub(crate) after_reset: AtomicU64,
+}
+
+pub(crate) static RACES: Races = Races {
+    moved: AtomicU64::new(0),
+    gone: AtomicU64::new(0),
+    after_reset: AtomicU64::new(0),
+};
 
 /// Takes the admission `charge` of cost `n`, made at the quota `gcra`, out
 /// of `cell` if the cell still holds a live bucket: the one CAS loop of
@@ -63,6 +86,7 @@ impl<C: Clock> DirectLimiter<C, Gcra> {
             raced = take_out(cell, gcra, charge, self.clock(), n).0;
         });
         if !current {
+            RACES.after_reset.fetch_add(1, Relaxed);
             probe!(ROLLBACK_AFTER_RESET);
         }
         raced
@@ -88,10 +112,12 @@ where
     /// may be a new one (see "Which bucket" in `crate::multi`).
     pub(super) fn roll_back(&self, gcra: &Gcra, cell: &Cell, charge: &Charge, n: u64) -> bool {
         let (raced, rolled) = take_out(cell, gcra, charge, self.clock(), n);
-        match rolled {
-            Err(Gone::Dead) => probe!(ROLLBACK_FOUND_BUCKET_DEAD),
-            Err(Gone::Moved) => probe!(ROLLBACK_FOUND_BUCKET_MOVED),
-            Ok(_) => {}
+        if let Err(gone) = rolled {
+            RACES.gone.fetch_add(1, Relaxed);
+            match gone {
+                Gone::Dead => probe!(ROLLBACK_FOUND_BUCKET_DEAD),
+                Gone::Moved => probe!(ROLLBACK_FOUND_BUCKET_MOVED),
+            }
         }
         raced
     }

@@ -146,7 +146,7 @@
 //! with the fewest tokens `remaining`.
 
 // Each limit's charge and rollback.
-mod charge;
+pub(crate) mod charge;
 
 use std::borrow::Borrow;
 use std::cell::OnceCell;
@@ -286,16 +286,11 @@ fn check_all<R: Copy>(
     })
 }
 
-/// Rollbacks that found the limit's state moved since their charge: read
-/// by the moving-clock stress test, which must see the race to mean
-/// anything. Test builds only; under loom a probe counts it instead.
-#[cfg(test)]
-static RACED_ROLLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
 #[inline]
 fn count_raced_rollback() {
-    #[cfg(test)]
-    RACED_ROLLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    charge::RACES
+        .moved
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     probe!(MULTI_ROLLBACK_RACED);
 }
 
@@ -1283,7 +1278,7 @@ mod tests {
                 .burst(burst)
                 .unwrap()
         };
-        let raced_before = RACED_ROLLBACKS.load(Ordering::Relaxed);
+        let raced_before = charge::RACES.moved.load(Ordering::Relaxed);
         for (first, second) in [
             (quota(1_000, 4), quota(800, 1)),
             (quota(2_000, 8), quota(1_000, 2)),
@@ -1352,7 +1347,7 @@ mod tests {
                 }
             }
         }
-        let raced = RACED_ROLLBACKS.load(Ordering::Relaxed) - raced_before;
+        let raced = charge::RACES.moved.load(Ordering::Relaxed) - raced_before;
         assert!(raced > 0, "no rollback met a state moved since its charge");
     }
 }
