@@ -14,6 +14,7 @@
 //! 2,000,000 checks), `churn` (1,000,000 new keys at a 50,000-key bound),
 //! `churn-at-default-bound` (3,000,000 new keys, the last 2,000,000 at the
 //! default 1,000,000-key bound: a profile's workload more than a count's),
+//! `inserts` (1,000,000 new keys below the default bound: the table grows),
 //! `strings` (1,000 `String` keys, 1,000,000 checks), `multi` (a one-limit
 //! `KeyedMultiLimiter`, 1,000 keys, 2,000,000 checks).
 
@@ -24,7 +25,9 @@ use turnstile_rl::{KeyedLimiter, KeyedMultiLimiter, Quota, Quotas};
 
 fn main() {
     let Some(mode) = std::env::args().nth(1) else {
-        eprintln!("usage: instructions <hits|million|churn|churn-at-default-bound|strings|multi>");
+        eprintln!(
+            "usage: instructions <hits|million|churn|churn-at-default-bound|inserts|strings|multi>"
+        );
         std::process::exit(2);
     };
     // Every check is admitted: the work measured is the lookup and the CAS.
@@ -42,6 +45,9 @@ fn main() {
         // for `perf record`, where the misses are the cost (BENCHMARKS.md,
         // "Profile: where the time goes (churn)").
         "churn-at-default-bound" => churn(KeyedLimiter::<u64>::new(quota), 3_000_000),
+        // Below the bound: the table grows from its first 16 slots, every
+        // key inserted once (the memory bench's insert row).
+        "inserts" => churn(KeyedLimiter::<u64>::new(quota), 1_000_000),
         "strings" => {
             let limiter = KeyedLimiter::<String>::new(quota);
             let keys: Vec<String> = (0..1_000).map(|i| format!("key-{i:012}")).collect();
