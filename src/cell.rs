@@ -131,39 +131,23 @@ pub(crate) struct Charge {
     pub(crate) after: u64,
 }
 
-/// CAS retries taken by all cells of the process, in stripes: read by
-/// `stats()` (their sum), and by the stress tests to assert that they
-/// really raced. Written only when a CAS fails, never on an uncontended
-/// check; striped by thread, because the threads that retry are exactly
-/// the ones contending for a line already, and one shared counter would
-/// add a second contended line to every retry. (Not under loom, whose
-/// atomics cannot live in a static, and whose models count their own
-/// races.)
+/// CAS retries taken by all cells of the process: read by `stats()`, and
+/// by the stress tests to assert that they really raced. Written only
+/// when a CAS fails, never on an uncontended check. (Not under loom, whose
+/// models count their own races.)
 #[cfg(not(turnstile_loom))]
-static CAS_RETRIES: [crossbeam_utils::CachePadded<std::sync::atomic::AtomicU64>; 8] =
-    [const { crossbeam_utils::CachePadded::new(std::sync::atomic::AtomicU64::new(0)) }; 8];
+static CAS_RETRIES: crate::striped::Striped = crate::striped::Striped::new();
 
 /// The process-wide CAS retry count.
 #[cfg(not(turnstile_loom))]
 pub(crate) fn cas_retries() -> u64 {
-    CAS_RETRIES
-        .iter()
-        .map(|stripe| stripe.load(std::sync::atomic::Ordering::Relaxed))
-        .sum()
+    CAS_RETRIES.sum()
 }
 
 #[inline]
 fn count_retry() {
     #[cfg(not(turnstile_loom))]
-    {
-        use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-        static THREADS: AtomicUsize = AtomicUsize::new(0);
-        thread_local! {
-            static STRIPE: usize = THREADS.fetch_add(1, Relaxed) % CAS_RETRIES.len();
-        }
-        let stripe = STRIPE.with(|stripe| *stripe);
-        CAS_RETRIES[stripe].fetch_add(1, Relaxed);
-    }
+    CAS_RETRIES.add();
     probe!(CAS_RETRY);
 }
 

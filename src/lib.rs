@@ -118,6 +118,7 @@ pub mod redis;
 mod resets;
 mod sliding_log;
 mod stats;
+mod striped;
 mod sync;
 #[cfg(feature = "tokio")]
 mod wait;

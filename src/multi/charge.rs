@@ -4,7 +4,6 @@
 //! in the parent module).
 
 use std::hash::Hash;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::algorithms::Gcra;
 use crate::cell::{Cell, Charge, Gone};
@@ -12,27 +11,29 @@ use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::direct::DirectLimiter;
 use crate::keyed::KeyedLimiter;
+use crate::striped::Striped;
 
 /// Rollbacks that raced, by how, over the whole process: what the stress
 /// tests read to know they reached the races they name
-/// (`crate::__private::rollback_races`). Each is bumped on a cold path
-/// only, the race itself.
+/// (`crate::__private::rollback_races`). Each is counted only on the race
+/// itself, in per-thread stripes: a contended multi-limit denial races
+/// often, and one shared counter would be one more contended line.
 pub(crate) struct Races {
     /// The limit's state had moved since the charge (another admission or
     /// rollback landed in between).
-    pub(crate) moved: AtomicU64,
+    pub(crate) moved: Striped,
     /// The keyed bucket the charge landed on was dead (evicted, reset,
     /// cleared) or frozen by a migration: nothing was taken out.
-    pub(crate) gone: AtomicU64,
+    pub(crate) gone: Striped,
     /// A reset of the direct bucket came between the charge and the
     /// rollback: nothing was taken out.
-    pub(crate) after_reset: AtomicU64,
+    pub(crate) after_reset: Striped,
 }
 
 pub(crate) static RACES: Races = Races {
-    moved: AtomicU64::new(0),
-    gone: AtomicU64::new(0),
-    after_reset: AtomicU64::new(0),
+    moved: Striped::new(),
+    gone: Striped::new(),
+    after_reset: Striped::new(),
 };
 
 /// Takes the admission `charge` of cost `n`, made at the quota `gcra`, out
@@ -86,7 +87,7 @@ impl<C: Clock> DirectLimiter<C, Gcra> {
             raced = take_out(cell, gcra, charge, self.clock(), n).0;
         });
         if !current {
-            RACES.after_reset.fetch_add(1, Relaxed);
+            RACES.after_reset.add();
             probe!(ROLLBACK_AFTER_RESET);
         }
         raced
@@ -113,7 +114,7 @@ where
     pub(super) fn roll_back(&self, gcra: &Gcra, cell: &Cell, charge: &Charge, n: u64) -> bool {
         let (raced, rolled) = take_out(cell, gcra, charge, self.clock(), n);
         if let Err(gone) = rolled {
-            RACES.gone.fetch_add(1, Relaxed);
+            RACES.gone.add();
             match gone {
                 Gone::Dead => probe!(ROLLBACK_FOUND_BUCKET_DEAD),
                 Gone::Moved => probe!(ROLLBACK_FOUND_BUCKET_MOVED),
