@@ -133,20 +133,16 @@ pub(crate) struct Charge {
 
 /// CAS retries taken by all cells of the process: read by `stats()`, and
 /// by the stress tests to assert that they really raced. Written only
-/// when a CAS fails, never on an uncontended check. (Not under loom, whose
-/// models count their own races.)
-#[cfg(not(turnstile_loom))]
+/// when a CAS fails, never on an uncontended check.
 static CAS_RETRIES: crate::striped::Striped = crate::striped::Striped::new();
 
 /// The process-wide CAS retry count.
-#[cfg(not(turnstile_loom))]
 pub(crate) fn cas_retries() -> u64 {
     CAS_RETRIES.sum()
 }
 
 #[inline]
 fn count_retry() {
-    #[cfg(not(turnstile_loom))]
     CAS_RETRIES.add();
     probe!(CAS_RETRY);
 }

@@ -94,18 +94,6 @@ impl Stats {
     }
 }
 
-/// The process-wide CAS retry count.
-pub(crate) fn cas_retries() -> u64 {
-    #[cfg(not(turnstile_loom))]
-    {
-        crate::cell::cas_retries()
-    }
-    #[cfg(turnstile_loom)]
-    {
-        0
-    }
-}
-
 /// A limiter's own counters. Padded: they are written on cold paths only,
 /// and must not share a cache line with what every check reads.
 #[derive(Debug, Default)]
@@ -158,7 +146,7 @@ impl Counters {
             overflow_refusals: load(&self.inner.overflow_refusals),
             overflow_untracked: load(&self.inner.overflow_untracked),
             resets: load(&self.inner.resets),
-            process_cas_retries: cas_retries(),
+            process_cas_retries: crate::cell::cas_retries(),
             ..Stats::default()
         }
     }

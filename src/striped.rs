@@ -33,6 +33,8 @@ impl Striped {
         }
         // A thread whose locals are gone (exiting) counts on stripe 0.
         let stripe = STRIPE.try_with(|stripe| *stripe).unwrap_or(0);
+        // Relaxed: a count publishes nothing; a reader wants a number, not
+        // what happened before it.
         self.0[stripe].fetch_add(1, Relaxed);
     }
 

@@ -33,6 +33,36 @@ fn serial() -> MutexGuard<'static, ()> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// Runs `work(t)` on `THREADS` threads and, until they are done,
+/// `background` in a loop on one more, all started together (a barrier:
+/// spawned one by one, the threads barely overlapped).
+fn race_with(work: impl Fn(u64) + Sync, background: impl Fn() + Sync) {
+    let done = AtomicBool::new(false);
+    let start = Barrier::new(THREADS as usize + 1);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (work, start) = (&work, &start);
+                s.spawn(move || {
+                    start.wait();
+                    work(t);
+                })
+            })
+            .collect();
+        s.spawn(|| {
+            start.wait();
+            while !done.load(Ordering::Relaxed) {
+                background();
+                std::thread::yield_now();
+            }
+        });
+        for worker in workers {
+            worker.join().unwrap();
+        }
+        done.store(true, Ordering::Relaxed);
+    });
+}
+
 /// Rounds of a race, each exact by itself, run until the rollbacks that
 /// raced in all of them (`(moved, gone, after_reset)`, see
 /// `rollback_races`) show the race the test names (`reached`), at most 50
@@ -96,41 +126,25 @@ fn clear_race_round(policy: OverflowPolicy, dog: &Watchdog) {
         .overflow(policy)
         .build();
     let admitted = AtomicU64::new(0);
-    let done = AtomicBool::new(false);
     let clears = AtomicU64::new(0);
-    let start = Barrier::new(THREADS as usize + 1);
-    std::thread::scope(|s| {
-        let workers: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let (limiter, admitted, start) = (&limiter, &admitted, &start);
-                s.spawn(move || {
-                    start.wait();
-                    for i in 0..20_000u64 {
-                        // The threads walk the keys in different orders, so
-                        // they meet on cells, inserts and evictions.
-                        let key = (i * (2 * t + 1)) % 16;
-                        if limiter.check(&key).is_allowed() {
-                            admitted.fetch_add(1, Ordering::Relaxed);
-                        }
-                        dog.tick();
-                    }
-                })
-            })
-            .collect();
-        s.spawn(|| {
-            start.wait();
-            while !done.load(Ordering::Relaxed) {
-                limiter.clear();
-                clears.fetch_add(1, Ordering::Relaxed);
+    race_with(
+        |t| {
+            for i in 0..20_000u64 {
+                // The threads walk the keys in different orders, so they
+                // meet on cells, inserts and evictions.
+                let key = (i * (2 * t + 1)) % 16;
+                if limiter.check(&key).is_allowed() {
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                }
                 dog.tick();
-                std::thread::yield_now();
             }
-        });
-        for worker in workers {
-            worker.join().unwrap();
-        }
-        done.store(true, Ordering::Relaxed);
-    });
+        },
+        || {
+            limiter.clear();
+            clears.fetch_add(1, Ordering::Relaxed);
+            dog.tick();
+        },
+    );
     let last = limiter.limits()[1].stats();
     let held = last.keys_held + last.overflow_evictions + last.resets + last.idle_evictions;
     assert_eq!(
@@ -249,41 +263,25 @@ fn direct_reset_round(dog: &Watchdog) {
         .build();
     let admitted = AtomicU64::new(0);
     let emptied = AtomicU64::new(0);
-    let done = AtomicBool::new(false);
-    let start = Barrier::new(THREADS as usize + 1);
-    std::thread::scope(|s| {
-        let workers: Vec<_> = (0..THREADS)
-            .map(|_| {
-                let (limiter, admitted, start) = (&limiter, &admitted, &start);
-                s.spawn(move || {
-                    start.wait();
-                    for _ in 0..20_000 {
-                        if limiter.check().is_allowed() {
-                            admitted.fetch_add(1, Ordering::Relaxed);
-                        }
-                        dog.tick();
-                    }
-                })
-            })
-            .collect();
-        s.spawn(|| {
-            start.wait();
-            while !done.load(Ordering::Relaxed) {
-                if limiter.limits()[1].reset() {
-                    emptied.fetch_add(1, Ordering::Relaxed);
+    race_with(
+        |_| {
+            for _ in 0..20_000 {
+                if limiter.check().is_allowed() {
+                    admitted.fetch_add(1, Ordering::Relaxed);
                 }
-                // The first limit's bucket too: a rollback of a charge made
-                // before this reset finds it, and takes nothing out.
-                limiter.limits()[0].reset();
                 dog.tick();
-                std::thread::yield_now();
             }
-        });
-        for worker in workers {
-            worker.join().unwrap();
-        }
-        done.store(true, Ordering::Relaxed);
-    });
+        },
+        || {
+            if limiter.limits()[1].reset() {
+                emptied.fetch_add(1, Ordering::Relaxed);
+            }
+            // The first limit's bucket too: a rollback of a charge made
+            // before this reset finds it, and takes nothing out.
+            limiter.limits()[0].reset();
+            dog.tick();
+        },
+    );
     let in_use = u64::from(limiter.limits()[1].peek().is_denied());
     assert_eq!(
         admitted.load(Ordering::Relaxed),
