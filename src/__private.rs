@@ -24,6 +24,14 @@ pub fn rollback_races() -> (u64, u64, u64) {
     (races.moved.sum(), races.gone.sum(), races.after_reset.sum())
 }
 
+/// The stripe of inserts in flight that `key` falls in, in every keyed
+/// limiter under loom (whose hasher keys are fixed): a model stages keys
+/// in one stripe, or in two, with it.
+#[cfg(turnstile_loom)]
+pub fn loom_stripe<Q: Hash + ?Sized>(key: &Q) -> usize {
+    crate::map::loom_stripe(key)
+}
+
 /// A quota's emission interval `T`, in nanoseconds.
 pub fn interval_nanos(quota: &Quota) -> u64 {
     quota.interval_nanos()

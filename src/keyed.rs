@@ -76,15 +76,19 @@
 //!   for them, and so does the migration chunk that holds the slot before
 //!   it counts as copied. A copier the OS deschedules there holds up only
 //!   the checks of that one key (and the end of that migration).
-//! - At `max_keys`, a check that finds no room for its key waits until no
-//!   insert is in flight among the keys that share its key's stripe (one
-//!   of `STRIPES`, by hash, in `map::inflight`; an insert is in flight
-//!   from just before it takes its place until its bucket is published),
-//!   then looks its key up again
-//!   before the overflow policy acts: the key may be on its way in. Those
-//!   inserts wait for nothing the waiting check holds. (So a key's `Eq`,
-//!   `ToOwned` and `Drop` must not check the limiter that holds the key:
-//!   such a check could wait for the insert that runs it.)
+//! - At `max_keys`, a check that finds no room for its key waits for the
+//!   inserts in flight among the keys that share its key's stripe (one of
+//!   `STRIPES`, by hash, in `map::inflight`), then looks its key up again
+//!   before the overflow policy acts: the key may be on its way in. Under
+//!   `EvictFullest` only one request of a key, the one holding the key's
+//!   claim on its stripe, evicts for it; the key's other first requests
+//!   wait for that claim and then find the key. So one new key costs at
+//!   most one eviction however many of its first requests race. These
+//!   waits are for other threads' bounded steps, and a waiting check holds
+//!   nothing they wait for; the argument, and what a slow `Clone` or `Eq`
+//!   costs here, is in `map::bound`. (So a key's `Eq`, `ToOwned` and
+//!   `Drop` must not check the limiter that holds the key: such a check
+//!   could wait for the insert that runs it.)
 //! - An insert that finds the new table of a migration already full to its
 //!   fill limit,
 //!   while the old table's last chunks are claimed by a thread that the OS
@@ -93,13 +97,13 @@
 //!   for claimed chunks.
 //! - At `max_keys` under [`OverflowPolicy::EvictFullest`], a new key takes
 //!   over the place of the one bucket it evicts (no other thread can take
-//!   that room), so each request evicts at most one bucket. It is refused
-//!   only if `ATTEMPTS` tries in a row (a constant of `admit`) find no
+//!   that room), so each new key evicts at most one bucket. It is refused
+//!   only if `ATTEMPTS` tries in a row (a constant of `map::bound`) find no
 //!   bucket they can evict (each victim updated or evicted by another
-//!   thread first, or the room held by inserts still in flight); it yields
-//!   between attempts. An eviction
-//!   made for a key never evicts that key's own bucket: the request is
-//!   decided on it instead.
+//!   thread first, or the room held by inserts still in flight), or after
+//!   waiting for `CLAIM_WAITS` admissions of other keys of its stripe; it
+//!   yields between attempts. An eviction made for a key never evicts that
+//!   key's own bucket: the request is decided on it instead.
 //!
 //! # Batches
 //!
@@ -152,7 +156,7 @@ use crate::clock::{Clock, DefaultClock};
 use crate::decision::Decision;
 use crate::error::{CostError, QuotaError};
 use crate::live::Live;
-use crate::map::{Evicted, Map, Pinned, Slot};
+use crate::map::{Admitted, Full, Map, Pinned, Slot};
 use crate::quota::Quota;
 use crate::stats::{Counters, Event};
 use crate::sync::{AtomicU64, Ordering};
@@ -179,23 +183,13 @@ pub(crate) const OVERFLOW_SAMPLE: usize = 8;
 /// cell) is measured in `BENCHMARKS.md`.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
-/// A key's place under `max_keys`, held while its bucket is inserted; given
-/// back when dropped (the bucket was not inserted, or a panic unwound).
-struct Reservation<'p, 'm, K>(&'p Pinned<'m, K>);
-
-impl<K> Drop for Reservation<'_, '_, K> {
-    fn drop(&mut self) {
-        self.0.unreserve();
-    }
-}
-
 /// What a check did on its key's bucket: the decision, and, when it
 /// admitted onto a tracked bucket, the admission and the cell it landed on
 /// (what a multi-limit rollback takes out again; a single check drops it).
 pub(crate) type Checked<'p> = (Decision, Option<(Charge, &'p Cell)>);
 
 /// How `admit` dealt with a missing key.
-enum Admitted<'p, K> {
+enum Admission<'p, K> {
     /// Inserted, with this request decided on its fresh bucket (and the
     /// admission it made there, if it admitted), in this slot.
     Inserted(Decision, Option<Charge>, &'p Slot<K>),
@@ -517,12 +511,12 @@ where
             let slot = match found {
                 Some(slot) => slot,
                 None => match self.admit(map, hash, key, now, cost, algorithm, idle) {
-                    Admitted::Inserted(decision, charge, slot) => {
+                    Admission::Inserted(decision, charge, slot) => {
                         return (decision, charge.map(|c| (c, &slot.cell)))
                     }
-                    Admitted::Found(slot) => slot,
+                    Admission::Found(slot) => slot,
                     // Untracked or refused: nothing was charged.
-                    Admitted::Refused(now) => {
+                    Admission::Refused(now) => {
                         return (self.overflow_decision(algorithm, now, cost), None)
                     }
                 },
@@ -542,7 +536,8 @@ where
     }
 
     /// Finds room for a key that is not in the map, and inserts it with
-    /// this request already decided on its fresh bucket.
+    /// this request already decided on its fresh bucket (the rules at the
+    /// bound are `map::bound`'s).
     ///
     /// The fresh bucket is decided at a clock reading taken right before
     /// the bucket is published, after the probe that found the key absent:
@@ -551,13 +546,6 @@ where
     /// reading). Deciding at the older `now` would start the fresh bucket in
     /// the past and admit more than the quota allows. That reading is left
     /// in `now`, so a batch decides its next keys at it.
-    ///
-    /// With no room, the key may still be on its way in: another check of
-    /// it may hold the last place and not have published its bucket yet.
-    /// So before the overflow policy acts, this waits for the inserts in
-    /// flight of the key's stripe and looks the key up again: a request is
-    /// never decided off its key's bucket while the key is tracked or
-    /// being inserted (see `map::inflight`).
     #[cold]
     #[allow(clippy::too_many_arguments)]
     fn admit<'p, Q, D>(
@@ -569,78 +557,46 @@ where
         cost: u64,
         algorithm: &D,
         idle: &impl Fn(u64) -> bool,
-    ) -> Admitted<'p, K>
+    ) -> Admission<'p, K>
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
         D: Algorithm,
     {
-        // Each failed attempt evicted nothing (its victim was updated or
-        // taken by another evictor first); after this many, give up rather
-        // than spin. The policies that do not evict look twice: once more
-        // after the inserts they waited for, which may have given their
-        // places back.
-        const ATTEMPTS: usize = 16;
-        let attempts = match self.overflow {
-            OverflowPolicy::EvictFullest => ATTEMPTS,
-            OverflowPolicy::Deny | OverflowPolicy::AllowUntracked => 2,
+        let full = match self.overflow {
+            OverflowPolicy::EvictFullest => Full::Evict {
+                sample: OVERFLOW_SAMPLE,
+            },
+            OverflowPolicy::Deny | OverflowPolicy::AllowUntracked => Full::Refuse,
         };
-        #[cfg(turnstile_loom)]
-        let _admitting = crate::probe::Admitting::enter();
-        for attempt in 0..attempts {
-            // Announced before the place is taken, so a check that finds
-            // no room because of it waits for it.
-            let inserting = map.begin_insert(hash);
-            // Room for the key: a free place under `max_keys`, or the place
-            // of the one bucket evicted for it, which no one else can take.
-            let room = map.try_reserve(self.max_keys)
-                || (self.overflow == OverflowPolicy::EvictFullest
-                    && match map.evict_one_near(hash, key, OVERFLOW_SAMPLE, attempt) {
-                        Evicted::Victim => {
-                            self.counters.add(Event::OverflowEviction, 1);
-                            true
-                        }
-                        Evicted::OwnKey(slot) => return Admitted::Found(slot),
-                        Evicted::Nothing => false,
-                    });
-            if room {
-                // Given back if the key's `ToOwned` or `Eq` panics, or if the
-                // key turns out to be there already; then the mark ends.
-                let reservation = Reservation(map);
-                let mut decided = None;
-                let fresh_state = || {
-                    *now = (*now).max(self.clock.now());
-                    let now = *now;
-                    let step = algorithm.decide(0, now, cost);
-                    let charge = step.next.map(|after| Charge { now, after });
-                    decided = Some((step.decision, charge));
-                    step.next.unwrap_or(0)
-                };
-                let (slot, inserted) = map.insert(hash, key, || key.to_owned(), fresh_state, idle);
-                if let (true, Some((decision, charge))) = (inserted, decided) {
-                    std::mem::forget(reservation);
-                    return Admitted::Inserted(decision, charge, slot);
-                }
-                return Admitted::Found(slot);
-            }
-            // No room. Our own mark ends first: the wait is for others'.
-            drop(inserting);
-            let waited = map.wait_for_inserts(hash);
-            if waited {
-                probe!(NO_ROOM_WAITED_FOR_INSERT);
-            }
-            if let Some(slot) = map.find(hash, key) {
-                probe!(NO_ROOM_FOUND_KEY);
-                return Admitted::Found(slot);
-            }
-            if self.overflow == OverflowPolicy::EvictFullest {
-                probe!(EVICTION_LOST);
-                // The victim was taken by another evictor: let it finish
-                // before sampling again.
-                crate::sync::yield_now();
-            }
+        let mut decided = None;
+        let fresh_state = || {
+            *now = (*now).max(self.clock.now());
+            let now = *now;
+            let step = algorithm.decide(0, now, cost);
+            let charge = step.next.map(|after| Charge { now, after });
+            decided = Some((step.decision, charge));
+            step.next.unwrap_or(0)
+        };
+        let (admitted, evicted) = map.admit(
+            hash,
+            key,
+            || key.to_owned(),
+            fresh_state,
+            idle,
+            self.max_keys,
+            full,
+        );
+        if evicted {
+            self.counters.add(Event::OverflowEviction, 1);
         }
-        Admitted::Refused(*now)
+        match (admitted, decided) {
+            (Admitted::Inserted(slot), Some((decision, charge))) => {
+                Admission::Inserted(decision, charge, slot)
+            }
+            (Admitted::Inserted(slot) | Admitted::Found(slot), _) => Admission::Found(slot),
+            (Admitted::Refused, _) => Admission::Refused(*now),
+        }
     }
 
     #[cold]

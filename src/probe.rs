@@ -85,6 +85,13 @@ pub static NO_ROOM_WAITED_FOR_INSERT: Probe = Probe::new();
 /// A check that found no room for its key found it on looking again: it
 /// was inserted meanwhile, and the request is decided on its bucket.
 pub static NO_ROOM_FOUND_KEY: Probe = Probe::new();
+/// A first request found its key being admitted at the bound by another
+/// request (its stripe claimed for the key), and waited for it instead of
+/// inserting.
+pub static KEY_ADMITTED_BY_ANOTHER: Probe = Probe::new();
+/// A check at the bound found its stripe claimed (for its own key, or
+/// another key of the stripe) when it tried to claim it, and waited.
+pub static CLAIM_TAKEN: Probe = Probe::new();
 /// An overflow eviction made for a key chose that key's own bucket, and
 /// decided on it instead of evicting it.
 pub static EVICTION_SPARED_OWN_KEY: Probe = Probe::new();

@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loom::thread;
+use turnstile_rl::__private::loom_stripe;
 use turnstile_rl::probe::{self, Probe};
 use turnstile_rl::{
     DirectLimiter, KeyedLimiter, ManualClock, MultiLimiter, OverflowPolicy, Quota, Quotas,
@@ -540,8 +541,9 @@ fn refund_races_a_check() {
 /// the only place while it moves the key in, or has just published it,
 /// when the other finds no room. Under every policy both must be decided on
 /// the key's one bucket (both admitted, one token left between them): the
-/// second waits for the insert in flight and looks the key up again, and
-/// an eviction made for the key never evicts the key's own bucket.
+/// second waits for the insert in flight and looks the key up again
+/// (under `EvictFullest`, holding the key's claim on its stripe, before it
+/// would evict).
 fn first_requests_share_one_bucket(policy: OverflowPolicy) -> usize {
     model(move || {
         let limiter = Arc::new(
@@ -566,8 +568,8 @@ fn first_requests_at_max_keys_evict_fullest() {
     let since = first_requests_share_one_bucket(OverflowPolicy::EvictFullest);
     reached(
         since,
-        &probe::EVICTION_SPARED_OWN_KEY,
-        "an eviction for a key choosing that key's own fresh bucket",
+        &probe::NO_ROOM_WAITED_FOR_INSERT,
+        "the request holding the key's claim waiting for the key's insert in flight",
     );
     reached(
         since,
@@ -909,12 +911,20 @@ fn keyed_multi_first_requests_race() {
 /// new key still on its way in when a second new key finds no room. Its
 /// eviction must not compare the drained key alone (that would hand the
 /// drained key a full burst): it evicts nothing until the insert is in,
-/// then evicts one of the two fresh buckets, which are fuller. One
+/// then evicts one of the two fresh buckets, which are fuller. The new
+/// keys fall in different stripes of inserts in flight. One
 /// preemption is the race (the insert stopped between its reservation and
 /// its publish); each insert here also grows the two-slot table.
 #[test]
 fn eviction_waits_for_the_place_an_insert_holds() {
-    let since = model_preempted(1, || {
+    // Two new keys of different stripes: within one stripe the second
+    // waits for the first's insert before it evicts (`map::bound`), and
+    // the race is between stripes.
+    let first = 2u64;
+    let second = (3u64..)
+        .find(|k| loom_stripe(k) != loom_stripe(&first))
+        .unwrap();
+    let since = model_preempted(1, move || {
         let limiter = Arc::new(
             KeyedLimiter::builder(quota(2))
                 .clock(ManualClock::new())
@@ -925,8 +935,8 @@ fn eviction_waits_for_the_place_an_insert_holds() {
         assert!(limiter.check(&1).is_allowed());
         assert!(limiter.check(&1).is_allowed());
         let other = limiter.clone();
-        let a = spawn(move || other.check(&2).is_allowed());
-        let b = limiter.check(&3).is_allowed();
+        let a = spawn(move || other.check(&first).is_allowed());
+        let b = limiter.check(&second).is_allowed();
         let a = a.join().unwrap();
         assert!(a && b, "a fresh key with room or a victim is admitted");
         assert!(
@@ -938,5 +948,47 @@ fn eviction_waits_for_the_place_an_insert_holds() {
         since,
         &probe::EVICTION_FOUND_ONE_OF_TWO_PLACES,
         "an eviction finding one published bucket while the map held two",
+    );
+}
+
+/// (u) Two first requests of one new key at a full `max_keys(2)` under
+/// `EvictFullest` (the default): one of the two buckets tracked before is
+/// evicted, not one for each request, and both requests are decided on the
+/// new key's one bucket. One request claims the key's stripe and evicts;
+/// the other meets the claim (in its announcement, or when it tries to
+/// claim) and waits for it, then finds the key. Before the claim, the
+/// second request evicted a bucket of its own, then found the key
+/// inserted and gave the place back: two buckets forgotten for one key.
+#[test]
+fn one_new_key_at_the_bound_evicts_once() {
+    let since = model(|| {
+        let limiter = Arc::new(
+            KeyedLimiter::builder(quota(2))
+                .clock(ManualClock::new())
+                .max_keys(2)
+                .build(),
+        );
+        // Closer to full than a fresh key after one request, so an
+        // eviction prefers them to the key's own bucket.
+        let faster = Quota::per_second(100_000).unwrap().burst(2).unwrap();
+        assert!(limiter.check_with(&1, &faster).is_allowed());
+        assert!(limiter.check_with(&2, &faster).is_allowed());
+        let other = limiter.clone();
+        let a = spawn(move || other.check(&7));
+        let b = limiter.check(&7);
+        let a = a.join().unwrap();
+        assert!(a.is_allowed() && b.is_allowed(), "{a:?} {b:?}");
+        assert_eq!(a.remaining() + b.remaining(), 1, "two buckets for one key");
+        assert_eq!(
+            limiter.stats().overflow_evictions,
+            1,
+            "one new key evicted more than one bucket"
+        );
+        assert_eq!(limiter.len(), 2, "a place left empty");
+    });
+    reached(
+        since,
+        &probe::CLAIM_TAKEN,
+        "a first request finding its key's stripe claimed by the other",
     );
 }

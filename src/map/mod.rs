@@ -6,6 +6,7 @@
 //! `pin::pin` makes. The front carries both: [`Map::pin`] returns a
 //! [`Pinned`] view of the map and its guard.
 
+mod bound;
 mod inflight;
 mod pin;
 mod raw;
@@ -14,6 +15,7 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::hash::Hash;
 
+pub(crate) use bound::{Admitted, Full};
 use raw::RawMap;
 pub(crate) use raw::{Evicted, Idle, Slot};
 
@@ -82,6 +84,14 @@ impl<K> Drop for Map<K> {
     }
 }
 
+/// The stripe `key` falls in, in every map under loom (whose hasher keys
+/// are fixed): what a model reads to stage its keys in one stripe or two.
+#[cfg(turnstile_loom)]
+pub(crate) fn loom_stripe<Q: Hash + ?Sized>(key: &Q) -> usize {
+    use std::hash::BuildHasher;
+    inflight::stripe_index(new_hasher().hash_one(key))
+}
+
 /// Random per-map keys: an attacker cannot aim keys at one probe chain.
 #[cfg(not(turnstile_loom))]
 fn new_hasher() -> ahash::RandomState {
@@ -112,19 +122,6 @@ pub(crate) struct Pinned<'m, K> {
 }
 
 impl<K> Pinned<'_, K> {
-    /// Announces an insert of a key hashing to `hash` until the mark is
-    /// dropped; taken before its place is reserved (see [`inflight`]).
-    #[inline]
-    pub(crate) fn begin_insert(&self, hash: u64) -> inflight::Inserting<'_> {
-        self.raw.inflight.begin(hash)
-    }
-
-    /// Waits until no insert of `hash`'s stripe is in flight (the caller
-    /// holds no mark); returns whether it waited.
-    pub(crate) fn wait_for_inserts(&self, hash: u64) -> bool {
-        self.raw.inflight.wait_for(hash)
-    }
-
     /// Returns an unused reservation.
     pub(crate) fn unreserve(&self) {
         self.raw.unreserve()

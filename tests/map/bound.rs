@@ -195,6 +195,180 @@ fn racing_first_requests_at_max_keys_admit_once() {
     });
 }
 
+/// One new key at a full `max_keys(8)` (every bucket charged, a frozen
+/// clock), its first request sent by two threads released together, a new
+/// key each round: exactly one bucket is evicted for it and the map stays
+/// full. Before the fix the second request evicted a bucket of its own
+/// before it found the key the first had inserted, and gave that place
+/// back: two buckets forgotten for one key (in 28 to 37 % of rounds in an
+/// audit), each back with a full burst. Runs for a fixed time; reached:
+/// the rounds whose two checks overlapped are counted, and a share must.
+#[test]
+fn one_new_key_at_max_keys_evicts_one_bucket() {
+    let _serial = serial();
+    const MAX_KEYS: usize = 8;
+    const RUN: Duration = Duration::from_secs(3);
+    within(Duration::from_secs(60), "one new key, two requests", || {
+        let limiter = KeyedLimiter::<String>::builder("1/h burst 5".parse::<Quota>().unwrap())
+            .clock(ManualClock::new())
+            .max_keys(MAX_KEYS)
+            .build();
+        for i in 0..MAX_KEYS {
+            assert!(limiter.check(&format!("tracked-{i}")).is_allowed());
+        }
+        let go = AtomicU64::new(0);
+        let done = AtomicU64::new(0);
+        let stop = AtomicBool::new(false);
+        let check = |round: u64| {
+            let key = format!("new-{round}");
+            let start = Instant::now();
+            let allowed = limiter.check(&key).is_allowed();
+            (allowed, start, Instant::now())
+        };
+        let (mut rounds, mut overlapped, mut doubled) = (0u64, 0u64, Vec::new());
+        thread::scope(|s| {
+            let other = s.spawn(|| {
+                let mut seen = Vec::new();
+                let mut round = 1;
+                loop {
+                    while go.load(Ordering::Acquire) < round {
+                        if stop.load(Ordering::Acquire) {
+                            return seen;
+                        }
+                        std::hint::spin_loop();
+                    }
+                    seen.push(check(round));
+                    done.store(round, Ordering::Release);
+                    round += 1;
+                }
+            });
+            let mut mine = Vec::new();
+            let started = Instant::now();
+            while started.elapsed() < RUN {
+                rounds += 1;
+                let before = limiter.stats().overflow_evictions;
+                go.store(rounds, Ordering::Release);
+                mine.push(check(rounds));
+                while done.load(Ordering::Acquire) < rounds {
+                    std::hint::spin_loop();
+                }
+                let evicted = limiter.stats().overflow_evictions - before;
+                let len = limiter.len();
+                if evicted != 1 || len != MAX_KEYS {
+                    doubled.push((rounds, evicted, len));
+                }
+            }
+            stop.store(true, Ordering::Release);
+            for (a, b) in mine.iter().zip(other.join().unwrap()) {
+                assert!(a.0 && b.0, "a first request of a burst of 5 denied");
+                if a.1 < b.2 && b.1 < a.2 {
+                    overlapped += 1;
+                }
+            }
+        });
+        println!("{rounds} rounds, {overlapped} overlapped");
+        assert!(
+            doubled.is_empty(),
+            "{} of {rounds} rounds did not evict exactly one bucket for one new key \
+             (round, evicted, len): {:?}",
+            doubled.len(),
+            &doubled[..doubled.len().min(10)]
+        );
+        assert!(
+            overlapped >= rounds / 10,
+            "only {overlapped} of {rounds} rounds raced"
+        );
+    });
+}
+
+/// Clones of [`SlowClone`] finished.
+static SLOW_CLONES: AtomicU64 = AtomicU64::new(0);
+
+/// A key whose `Clone` takes 2 ms: the first requests of one such key,
+/// from many threads at once, find their key being inserted for a long
+/// time.
+#[derive(PartialEq, Eq, Hash, Debug)]
+struct SlowClone(u64);
+
+impl Clone for SlowClone {
+    fn clone(&self) -> Self {
+        thread::sleep(Duration::from_millis(2));
+        SLOW_CLONES.fetch_add(1, Ordering::SeqCst);
+        SlowClone(self.0)
+    }
+}
+
+/// Two free places under `max_keys` and 4 to 16 threads sending the first
+/// request of one new key (with a slow `Clone`) together, under every
+/// policy: the key takes one place, nothing is evicted or refused, and the
+/// requests are decided on its one bucket. Before the fix, the requests
+/// that found both places reserved by the key's own racers evicted
+/// (`EvictFullest`) or were refused (`Deny`). Reached: the racers that
+/// started their check before the key's clone had finished (so before its
+/// bucket was published) are counted, and at least half must have.
+#[test]
+fn racers_on_one_new_key_with_room_evict_nothing() {
+    let _serial = serial();
+    for policy in [
+        OverflowPolicy::EvictFullest,
+        OverflowPolicy::Deny,
+        OverflowPolicy::AllowUntracked,
+    ] {
+        for threads in [4u64, 16] {
+            within(
+                Duration::from_secs(30),
+                "racers on one new key",
+                move || {
+                    let limiter = KeyedLimiter::<SlowClone>::builder(
+                        "1/h burst 100".parse::<Quota>().unwrap(),
+                    )
+                    .clock(ManualClock::new())
+                    .max_keys(10)
+                    .overflow(policy)
+                    .build();
+                    for i in 0..8 {
+                        assert!(limiter.check(&SlowClone(i)).is_allowed());
+                    }
+                    let start = Barrier::new(threads as usize);
+                    let clones = SLOW_CLONES.load(Ordering::SeqCst);
+                    let early = AtomicU64::new(0);
+                    let admitted: u64 = thread::scope(|s| {
+                        let racers: Vec<_> = (0..threads)
+                            .map(|_| {
+                                s.spawn(|| {
+                                    start.wait();
+                                    if SLOW_CLONES.load(Ordering::SeqCst) == clones {
+                                        early.fetch_add(1, Ordering::Relaxed);
+                                    }
+                                    u64::from(limiter.check(&SlowClone(99)).is_allowed())
+                                })
+                            })
+                            .collect();
+                        racers.into_iter().map(|r| r.join().unwrap()).sum()
+                    });
+                    let early = early.load(Ordering::Relaxed);
+                    assert!(
+                        early >= threads / 2,
+                        "only {early} of {threads} racers started before the key's insert"
+                    );
+                    let stats = limiter.stats();
+                    let what = format!("{policy:?}, {threads} racers");
+                    assert_eq!(admitted, threads, "{what}: a first request refused");
+                    assert_eq!(stats.overflow_evictions, 0, "{what}: {stats:?}");
+                    assert_eq!(stats.overflow_refusals, 0, "{what}: {stats:?}");
+                    assert_eq!(stats.overflow_untracked, 0, "{what}: {stats:?}");
+                    assert_eq!(limiter.len(), 9, "{what}");
+                    assert_eq!(
+                        limiter.peek(&SlowClone(99)).remaining(),
+                        100 - threads - 1,
+                        "{what}: the requests were not decided on one bucket"
+                    );
+                },
+            );
+        }
+    }
+}
+
 /// At `max_keys`, `EvictFullest` admits a new key by evicting one
 /// bucket. Four threads on fresh keys: (almost) none refused.
 #[test]

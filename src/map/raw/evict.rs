@@ -227,6 +227,10 @@ impl<K: Hash + Eq> RawMap<K> {
         let Some((slot, state)) = candidates.best else {
             return Evicted::Nothing;
         };
+        // Not reached through `map::bound`, whose evictor looked its key up
+        // after every other insert of the stripe had ended, and no insert
+        // of its key starts while it holds the key's claim; kept because an
+        // eviction must never forget the key it makes room for.
         // SAFETY: the word was live when read: the key is published, and
         // `guard` keeps the table alive.
         if unsafe { slot.key_is(key) } {
