@@ -9,7 +9,6 @@ use std::hash::Hash;
 
 use super::KeyedLimiter;
 use crate::algorithms::{Algorithm, Gcra};
-use crate::cell::Gone;
 use crate::clock::Clock;
 use crate::decision::Decision;
 use crate::error::CostError;
@@ -166,19 +165,11 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let hash = self.map.hash(key);
-        let map = self.map.pin();
-        loop {
-            let Some(slot) = map.find(hash, key) else {
-                return 0;
-            };
-            match slot.cell.state() {
-                Ok(state) => return state,
-                // Claimed by an evictor after `find` saw it: absent from then on.
-                Err(Gone::Dead) => return 0,
-                // Moved to a successor table since `find`: look again.
-                Err(Gone::Moved) => {}
-            }
-        }
+        // Absent, or evicted after it was found: a full bucket.
+        self.map
+            .pin()
+            .on_bucket(hash, key, |cell| cell.state())
+            .unwrap_or(0)
     }
 
     fn peek_as<Q, D>(&self, key: &Q, cost: u64, algorithm: &D) -> Decision
@@ -330,19 +321,14 @@ where
     {
         let now = self.clock.now();
         let hash = self.map.hash(key);
-        let map = self.map.pin();
-        loop {
-            let Some(slot) = map.find(hash, key) else {
-                // Absent is full: nothing to give back.
-                return false;
-            };
-            match slot.cell.modify(|tat| gcra.refunded(tat, now, n)) {
-                Ok(written) => return written.is_some(),
-                // Evicted (or reset) since `find`: full from then on.
-                Err(Gone::Dead) => return false,
-                // Moved to a successor table since `find`: look again.
-                Err(Gone::Moved) => {}
-            }
-        }
+        // Absent, or evicted (or reset) after it was found: full, nothing
+        // to give back.
+        self.map
+            .pin()
+            .on_bucket(hash, key, |cell| {
+                cell.modify(|tat| gcra.refunded(tat, now, n))
+            })
+            .flatten()
+            .is_some()
     }
 }

@@ -15,6 +15,7 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::hash::Hash;
 
+use crate::cell::{Cell, Gone};
 pub(crate) use bound::{Admitted, Full};
 use raw::RawMap;
 pub(crate) use raw::{Evicted, Idle, Slot};
@@ -182,6 +183,22 @@ impl<K: Hash + Eq> Pinned<'_, K> {
     /// Reserves room for one more key if fewer than `max` are live.
     pub(crate) fn try_reserve(&self, max: usize) -> bool {
         self.raw.try_reserve(max)
+    }
+
+    /// Runs `op` on `key`'s live bucket, looking the key up again whenever
+    /// its bucket moved to a successor table under `op`; `None` if the key
+    /// is absent or its bucket died first (see [`RawMap::on_bucket`]).
+    pub(crate) fn on_bucket<Q, T>(
+        &self,
+        hash: u64,
+        key: &Q,
+        op: impl FnMut(&Cell) -> Result<T, Gone>,
+    ) -> Option<T>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Eq,
+    {
+        self.raw.on_bucket(hash, key, &self.guard, op)
     }
 
     /// Tombstones the live bucket for `key`, whatever its state.

@@ -77,7 +77,7 @@ use crossbeam_utils::CachePadded;
 
 use super::inflight::InFlight;
 use super::pin::Guard;
-use crate::cell::{Gone, Seen};
+use crate::cell::{Cell, Gone, Seen};
 use crate::sync::{wait_briefly, AtomicUsize, Ordering};
 use chain::Chain;
 use table::{largest_capacity, Table, MIN_CAPACITY};
@@ -342,19 +342,35 @@ impl<K: Hash + Eq> RawMap<K> {
         K: Borrow<Q>,
         Q: ?Sized + Eq,
     {
+        let claimed = self.on_bucket(hash, key, guard, |cell| cell.claim(|_| true));
+        if claimed == Some(true) {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+        claimed == Some(true)
+    }
+
+    /// Runs `op` on `key`'s live bucket, and again on the bucket found by
+    /// a new lookup whenever `op` met it frozen (moved to a successor
+    /// table since it was found); `None` if the key is absent, or its
+    /// bucket died (evicted or reset) under `op`, which makes it absent
+    /// from then on. The one place the "frozen: look again" retry lives,
+    /// for every operation on an existing bucket but the check, whose
+    /// absent key is inserted instead (`KeyedLimiter::decide_found`).
+    pub(crate) fn on_bucket<Q, T>(
+        &self,
+        hash: u64,
+        key: &Q,
+        guard: &Guard,
+        mut op: impl FnMut(&Cell) -> Result<T, Gone>,
+    ) -> Option<T>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Eq,
+    {
         loop {
-            let Some(slot) = self.find(hash, key, guard) else {
-                return false;
-            };
-            match slot.cell.claim(|_| true) {
-                Ok(claimed) => {
-                    if claimed {
-                        self.len.fetch_sub(1, Ordering::Relaxed);
-                    }
-                    return claimed;
-                }
-                Err(Gone::Dead) => return false,
-                // Frozen since `find`: look again, in the successor.
+            match op(&self.find(hash, key, guard)?.cell) {
+                Ok(done) => return Some(done),
+                Err(Gone::Dead) => return None,
                 Err(Gone::Moved) => {}
             }
         }
