@@ -81,3 +81,22 @@ pub fn check_batch_at_distance<K, C, A, Q>(
 {
     limiter.check_batch_at_distance(keys, out, distance);
 }
+
+/// Migrations that copy `chunk` slots at a time (at least 1) instead of
+/// the map's 64: the map's stress tests run at loom's chunk size of 1 too
+/// (`TURNSTILE_MIGRATION_CHUNK` in `tests/map`).
+pub trait MigrationChunk {
+    /// This builder with migrations copying `chunk` slots at a time.
+    fn migration_chunk(self, chunk: usize) -> Self;
+}
+
+impl<K, C, A> MigrationChunk for KeyedLimiterBuilder<K, C, A>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    C: Clock,
+    A: Algorithm,
+{
+    fn migration_chunk(self, chunk: usize) -> Self {
+        self.with_migration_chunk(chunk)
+    }
+}

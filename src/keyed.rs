@@ -279,6 +279,7 @@ where
             max_keys: DEFAULT_MAX_KEYS,
             overflow: OverflowPolicy::default(),
             hasher_seed: None,
+            migration_chunk: None,
             keys: PhantomData,
         }
     }
@@ -698,6 +699,7 @@ pub struct KeyedLimiterBuilder<K, C = DefaultClock, A = Gcra> {
     max_keys: usize,
     overflow: OverflowPolicy,
     hasher_seed: Option<u64>,
+    migration_chunk: Option<usize>,
     keys: PhantomData<fn() -> K>,
 }
 
@@ -716,6 +718,7 @@ where
             max_keys: self.max_keys,
             overflow: self.overflow,
             hasher_seed: self.hasher_seed,
+            migration_chunk: self.migration_chunk,
             keys: PhantomData,
         }
     }
@@ -758,6 +761,7 @@ where
             max_keys: self.max_keys,
             overflow: self.overflow,
             hasher_seed: self.hasher_seed,
+            migration_chunk: self.migration_chunk,
             keys: PhantomData,
         }
     }
@@ -786,12 +790,25 @@ where
         self
     }
 
+    /// For tests only: migrations copy `chunk` slots at a time instead of
+    /// `MIGRATION_CHUNK` (in `map::raw`), so the map's stress tests also
+    /// run at the chunk size loom's models use. (Reached through
+    /// `__private::MigrationChunk`.)
+    pub(crate) fn with_migration_chunk(mut self, chunk: usize) -> Self {
+        self.migration_chunk = Some(chunk);
+        self
+    }
+
     /// The limiter.
     pub fn build(self) -> KeyedLimiter<K, C, A> {
+        let map = match self.hasher_seed {
+            None => Map::new(self.max_keys),
+            Some(seed) => Map::seeded(seed, self.max_keys),
+        };
         KeyedLimiter {
-            map: match self.hasher_seed {
-                None => Map::new(self.max_keys),
-                Some(seed) => Map::seeded(seed, self.max_keys),
+            map: match self.migration_chunk {
+                None => map,
+                Some(chunk) => map.with_migration_chunk(chunk),
             },
             algorithm: Live::new(self.algorithm),
             clock: self.clock,

@@ -55,6 +55,14 @@ impl<K: Send + 'static> Map<K> {
 }
 
 impl<K> Map<K> {
+    /// This map with migrations copying `chunk` slots at a time (at least
+    /// 1) instead of `MIGRATION_CHUNK`: for tests that run the map's races
+    /// at the chunk size loom uses.
+    pub(crate) fn with_migration_chunk(mut self, chunk: usize) -> Self {
+        self.raw.chunk = chunk.max(1);
+        self
+    }
+
     /// Keys held: every bucket not dead, idle ones included until a
     /// sweep, a migration or an eviction takes them out.
     pub(crate) fn held(&self) -> usize {
@@ -233,7 +241,7 @@ impl<K: Hash + Eq> Pinned<'_, K> {
     /// Returns how many keys the sweep evicted.
     pub(crate) fn maintain(&self, budget: usize, idle: &impl Idle) -> usize {
         probe!(HOUSEKEEPING_RAN);
-        let chunks = budget.div_ceil(raw::MIGRATION_CHUNK);
+        let chunks = budget.div_ceil(self.raw.chunk);
         match self.raw.help_migrate(chunks, idle, &self.guard) {
             Some(evicted) => evicted,
             None => {

@@ -21,7 +21,7 @@ use turnstile_test_kit::within::within;
 
 use crate::keys::{
     assert_keys_dropped_once, check, check_with, copies, count_by_reset, limiter, settle_counts,
-    Counts, Id, Name, TestKey, Tracked, LOOKUPS,
+    Counts, Id, Name, TestKey, TestShape as _, Tracked, LOOKUPS,
 };
 use crate::serial;
 use crate::support::{
@@ -39,6 +39,7 @@ fn a_shrinking_migration_raced_by_inserts_does_not_hang() {
     let limiter = Arc::new(
         KeyedLimiter::builder("1000/s burst 1".parse::<Quota>().unwrap())
             .clock(clock.clone())
+            .test_shape()
             .build(),
     );
     for key in 0..1_300u64 {
@@ -118,6 +119,7 @@ fn shrinks_racing_fresh_keys_keep_making_progress() {
     let limiter = Arc::new(
         KeyedLimiter::builder("1000/s burst 1".parse::<Quota>().unwrap())
             .clock(clock.clone())
+            .test_shape()
             .build(),
     );
     let checks = Arc::new(AtomicU64::new(0));
@@ -192,6 +194,7 @@ fn clear_forgets_every_key_through_a_migration_started_during_it() {
         let clock = ManualClock::new();
         let limiter = KeyedLimiter::<u64>::builder(quota)
             .clock(clock.clone())
+            .test_shape()
             .build();
         // A table of 2^20 slots, whose migration has ended: every key is
         // in it and none is dead, so the next one starts a migration at
@@ -295,6 +298,7 @@ fn exact_burst_race(
     let clock = ManualClock::new();
     let limiter: KeyedLimiter<Tracked, ManualClock> = KeyedLimiter::builder(hot_quota())
         .clock(clock.clone())
+        .test_shape()
         .build();
     const HOT_KEYS: u64 = 16;
     let hot_keys: Vec<Tracked> = (0..HOT_KEYS)
@@ -453,6 +457,7 @@ fn refund_peek_reset_racing_migrations_stay_within_bounds() {
             let clock = ManualClock::new();
             let limiter: KeyedLimiter<Tracked, ManualClock> = KeyedLimiter::builder(hot_quota())
                 .clock(clock.clone())
+                .test_shape()
                 .build();
             const N: u64 = 8;
             let keys: Vec<Tracked> = (0..N).map(|i| Tracked::new(1 << 41 | i, &COUNTS)).collect();
@@ -588,6 +593,7 @@ fn exact_burst_for_thousands_of_keys_while_every_thread_grows_the_table() {
         let limiter: KeyedLimiter<Tracked, ManualClock> =
             KeyedLimiter::builder("1/h burst 2".parse::<Quota>().unwrap())
                 .clock(clock.clone())
+                .test_shape()
                 .build();
         let keys: Vec<Tracked> = (0..N).map(|i| Tracked::new(i, &COUNTS)).collect();
         let admitted: Vec<AtomicU64> = (0..N).map(|_| AtomicU64::new(0)).collect();
@@ -743,6 +749,7 @@ fn growth_against_shrinking<K: TestKey>(how: Shrink) {
                 KeyedLimiter::builder(format!("1/h burst {BURST}").parse::<Quota>().unwrap())
                     .clock(clock.clone())
                     .hasher_seed(5)
+                    .test_shape()
                     .build();
             let fast: Quota = "1000/s burst 1".parse().unwrap();
             let copies_before = copies();
@@ -938,6 +945,7 @@ fn growth_loses_no_key<K: TestKey>() {
                 KeyedLimiter::builder("1/h burst 3".parse::<Quota>().unwrap())
                     .clock(ManualClock::new())
                     .hasher_seed(l)
+                    .test_shape()
                     .build();
             let barrier = std::sync::Barrier::new(THREADS as usize);
             thread::scope(|s| {

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread;
 use std::time::Duration;
 
-use turnstile_rl::__private::HasherSeed as _;
+use turnstile_rl::__private::{HasherSeed as _, MigrationChunk as _};
 use turnstile_rl::{Decision, KeyedLimiter, ManualClock, OverflowPolicy, Quota};
 use turnstile_test_kit::watchdog::Watchdog;
 
@@ -145,12 +145,46 @@ pub fn limiter<K: TestKey>(
     policy: OverflowPolicy,
     seed: u64,
 ) -> Limiter<K> {
-    KeyedLimiter::builder(quota.parse::<Quota>().unwrap())
+    let builder = KeyedLimiter::builder(quota.parse::<Quota>().unwrap())
         .clock(clock.clone())
         .max_keys(max_keys)
         .overflow(policy)
-        .hasher_seed(seed)
-        .build()
+        .hasher_seed(seed);
+    builder.test_shape().build()
+}
+
+/// The map's shape for a test run: its migration chunk from
+/// `TURNSTILE_MIGRATION_CHUNK` when set (see [`migration_chunk`]).
+pub trait TestShape {
+    /// This builder in the run's shape.
+    fn test_shape(self) -> Self;
+}
+
+impl<K, C, A> TestShape for turnstile_rl::KeyedLimiterBuilder<K, C, A>
+where
+    K: Hash + Eq + Send + Sync + 'static,
+    C: turnstile_rl::Clock,
+    A: turnstile_rl::algorithms::Algorithm,
+{
+    fn test_shape(self) -> Self {
+        match migration_chunk() {
+            Some(chunk) => self.migration_chunk(chunk),
+            None => self,
+        }
+    }
+}
+
+/// The migration chunk the map's races run at: the library's own unless
+/// `TURNSTILE_MIGRATION_CHUNK` says otherwise (at 1, the size loom's
+/// models use, a migration's chunks are claimed by many threads at once:
+/// `TURNSTILE_MIGRATION_CHUNK=1 cargo test --test map -- growth::`).
+pub fn migration_chunk() -> Option<usize> {
+    let chunk = std::env::var("TURNSTILE_MIGRATION_CHUNK").ok()?;
+    Some(
+        chunk
+            .parse()
+            .expect("TURNSTILE_MIGRATION_CHUNK is a number of slots"),
+    )
 }
 
 pub fn check<K: TestKey>(limiter: &Limiter<K>, key: &K) -> Decision {

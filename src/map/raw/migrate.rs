@@ -349,14 +349,11 @@ impl<K: Hash + Eq> RawMap<K> {
     ) -> Option<usize> {
         // SAFETY: as in `find`.
         let t = unsafe { table.deref() };
-        let start = t
-            .counters
-            .claimed
-            .fetch_add(MIGRATION_CHUNK, Ordering::Relaxed);
+        let start = t.counters.claimed.fetch_add(self.chunk, Ordering::Relaxed);
         if start >= t.capacity() {
             return None;
         }
-        let end = (start + MIGRATION_CHUNK).min(t.capacity());
+        let end = (start + self.chunk).min(t.capacity());
         Some(self.migrate_range(table, next, start..end, idle, guard))
     }
 

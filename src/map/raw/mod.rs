@@ -105,6 +105,10 @@ pub(crate) struct RawMap<K> {
     hasher: ahash::RandomState,
     /// Inserts announced and not yet finished (see `super::inflight`).
     pub(crate) inflight: InFlight,
+    /// Slots a thread claims and copies at a time in a migration:
+    /// [`MIGRATION_CHUNK`] but in tests that run the map's races at other
+    /// sizes (`__private::MigrationChunk`).
+    pub(crate) chunk: usize,
 }
 
 impl<K> RawMap<K> {
@@ -118,6 +122,7 @@ impl<K> RawMap<K> {
             len: CachePadded::new(AtomicUsize::new(0)),
             hasher,
             inflight: InFlight::new(),
+            chunk: MIGRATION_CHUNK,
         }
     }
 
