@@ -24,6 +24,13 @@ pub fn rollback_races() -> (u64, u64, u64) {
     (races.moved.sum(), races.gone.sum(), races.after_reset.sum())
 }
 
+/// CAS retries taken by every cell of this process so far (what
+/// `Stats::process_cas_retries` reports), for benches that measure
+/// contention on a limiter with no `stats()` of its own.
+pub fn cas_retries() -> u64 {
+    crate::cell::cas_retries()
+}
+
 /// A quota's emission interval `T`, in nanoseconds.
 pub fn interval_nanos(quota: &Quota) -> u64 {
     quota.interval_nanos()

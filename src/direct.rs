@@ -89,7 +89,8 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
     pub(crate) fn decide(&self, algorithm: &A, cost: u64) -> Decision {
         let now = self.clock.now();
         match self.cell.update(algorithm, now, cost) {
-            Ok(decision) => decision,
+            // Built after the CAS loop, from what it returned in registers.
+            Ok(outcome) => outcome.decision(algorithm, now, cost),
             // A direct limiter has no evictor, so its cell is never claimed.
             Err(_) => unreachable!("a direct limiter's cell is never tombstoned"),
         }
