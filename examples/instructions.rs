@@ -74,11 +74,11 @@ fn main() {
         // Two threads on one bucket: what these count is CAS retries per
         // check (printed), not instructions.
         "contended-direct" => {
-            let limiter = DirectLimiter::new(quota);
+            let limiter = DirectLimiter::new(under_load());
             contended(|| limiter.check().is_allowed())
         }
         "contended-key" => {
-            let limiter = KeyedLimiter::<u64>::new(quota);
+            let limiter = KeyedLimiter::<u64>::new(under_load());
             contended(|| limiter.check(&7).is_allowed())
         }
         "multi" => {
@@ -125,7 +125,16 @@ fn direct(limiter: DirectLimiter) -> usize {
         .count()
 }
 
-/// Runs `check` 2,000,000 times on each of two threads at once, and
+/// 1 per ms, burst 1e9 (a tolerance of 11.6 days, within the add path's
+/// bound): every check of a run is admitted, and each pushes the arrival
+/// time 1 ms further ahead of the clock.
+fn under_load() -> Quota {
+    Quota::with_period(Duration::from_millis(1))
+        .and_then(|quota| quota.burst(1_000_000_000))
+        .expect("a valid quota")
+}
+
+/// Runs `check` 20,000,000 times on each of two threads at once, and
 /// prints the CAS retries per check they took.
 fn contended(check: impl Fn() -> bool + Sync) -> usize {
     const CHECKS: usize = 20_000_000;

@@ -143,6 +143,17 @@ pub(crate) struct Outcome {
     after: u64,
 }
 
+/// What [`Cell::update_from`] does with an admission its loop decided.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Attempt {
+    /// Land it with the CAS.
+    Cas,
+    /// Landed another way: this is the outcome.
+    Done(Outcome),
+    /// Not landed: load the word and decide again.
+    Reload,
+}
+
 /// `Outcome::after` of a denial: no state is this large (they end at
 /// [`STATE_END`]).
 const NOTHING: u64 = u64::MAX;
@@ -198,7 +209,7 @@ pub(crate) fn cas_retries() -> u64 {
 /// the CAS.
 #[cold]
 #[inline(never)]
-fn count_retry() {
+pub(crate) fn count_retry() {
     CAS_RETRIES.add();
     probe!(CAS_RETRY);
 }
@@ -252,12 +263,37 @@ impl Cell {
         now: u64,
         cost: u64,
     ) -> Result<Outcome, Gone> {
-        let mut current = self.word.load(Ordering::Relaxed);
+        let current = self.word.load(Ordering::Relaxed);
+        self.update_from(current, algorithm, now, cost, |_, _| Attempt::Cas)
+    }
+
+    /// [`update`](Cell::update) from the word `current`, just loaded, in
+    /// which each admission `state -> next` is first offered to `attempt`
+    /// (a direct limiter's add: `crate::direct`). Always inlined: its
+    /// outcome then stays in registers, and an `attempt` that always says
+    /// [`Attempt::Cas`] costs nothing.
+    #[inline(always)]
+    pub(crate) fn update_from<A: Algorithm>(
+        &self,
+        mut current: u64,
+        algorithm: &A,
+        now: u64,
+        cost: u64,
+        mut attempt: impl FnMut(u64, u64) -> Attempt,
+    ) -> Result<Outcome, Gone> {
         loop {
             let state = updatable(current)?;
             let Some(next) = algorithm.admit(state, now, cost) else {
                 return Ok(Outcome::new(state, None));
             };
+            match attempt(state, next) {
+                Attempt::Cas => {}
+                Attempt::Done(outcome) => return Ok(outcome),
+                Attempt::Reload => {
+                    current = self.word.load(Ordering::Relaxed);
+                    continue;
+                }
+            }
             // Weak: a spurious failure only costs one more trip round the
             // loop, and the weak form is a plain LL/SC on ARM.
             match self.word.compare_exchange_weak(
@@ -273,6 +309,26 @@ impl Cell {
                 }
             }
         }
+    }
+
+    /// The word now, for [`update_from`](Cell::update_from) or
+    /// [`add`](Cell::add).
+    #[inline]
+    pub(crate) fn load(&self) -> u64 {
+        self.word.load(Ordering::Relaxed)
+    }
+
+    /// Adds `amount` to the state, whatever it is, and returns the state
+    /// it was added to. Only for a cell no map holds (a direct limiter's,
+    /// never claimed, frozen or copied: on a map's cell the add would turn
+    /// a reserved word into another), and only with amounts whose sum in
+    /// flight keeps the state below [`STATE_END`] (see `crate::direct`).
+    /// Relaxed, as an update's CAS: the word publishes nothing else.
+    #[inline]
+    pub(crate) fn add(&self, amount: u64) -> u64 {
+        self.word
+            .fetch_add(amount, Ordering::Relaxed)
+            .wrapping_sub(1)
     }
 
     /// Claims the cell for eviction if `claimable(state)`: after a

@@ -155,7 +155,34 @@ impl sealed::Sealed for Gcra {
         };
         Decision::denied(burst, tau.saturating_sub(backlog), t, backlog, retry)
     }
+
+    #[inline]
+    fn additive(&self, tat: u64, now: u64, next: u64) -> bool {
+        // Under load `max(tat, now) = tat`, so the new TAT is `tat + n*T`.
+        // The bounds keep every sum of adds in flight below the cell's
+        // reserved words (see `ADD_BELOW`).
+        tat >= now && tat < ADD_BELOW && next - tat <= ADD_MOST && self.tolerance < ADD_BELOW
+    }
+
+    #[inline]
+    fn taken_back(&self, tat: u64, reading: u64, after: u64, now: u64, cost: u64) -> Option<u64> {
+        let charge = Charge {
+            now: reading,
+            after,
+        };
+        self.rolled_back(tat, &charge, now, cost)
+    }
 }
+
+/// The add path's bounds (`Sealed::additive`): a state and a tolerance
+/// below 2^61 ns (73 years) and an amount of at most 2^32 ns (4.3 s).
+/// Every state an admission writes is then below its reading plus 2^61,
+/// so while readings stay below 2^62 ns (146 years after the clock's
+/// origin) a state reaches the first reserved word, `2^63 - 3`, only with
+/// more than `2^61 / 2^32 = 2^29` adds in flight at once, one per thread:
+/// no process runs that many threads.
+const ADD_BELOW: u64 = 1 << 61;
+const ADD_MOST: u64 = 1 << 32;
 
 impl Algorithm for Gcra {
     #[inline]

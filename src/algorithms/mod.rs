@@ -181,5 +181,32 @@ pub(crate) mod sealed {
             debug_assert_eq!(next, self.admit(state, now, cost));
             self.decide(state, now, cost).decision
         }
+
+        /// Whether the admission `state -> next` at `now` (what
+        /// [`admit`](Sealed::admit) decided) may be made by adding
+        /// `next - state` to the state, whatever it is: whether, when the
+        /// state is `x` instead, admitting is `x -> x + (next - state)`
+        /// (GCRA under load: TAT at or past now). An add cannot fail where
+        /// a CAS retries (see `crate::direct`'s "Admitting with an add").
+        #[inline]
+        fn additive(&self, _state: u64, _now: u64, _next: u64) -> bool {
+            false
+        }
+
+        /// The state after taking the add of an
+        /// [`additive`](Sealed::additive) admission of `cost`, made as an admission at `reading` that wrote
+        /// `after`, out of `state` at `now`; `None` to leave `state` as it
+        /// is. Only called when `additive` gave an amount.
+        #[inline]
+        fn taken_back(
+            &self,
+            _state: u64,
+            _reading: u64,
+            _after: u64,
+            _now: u64,
+            _cost: u64,
+        ) -> Option<u64> {
+            None
+        }
     }
 }
