@@ -14,18 +14,22 @@
 //! - if `x` still admits the request by itself (`additive(x) = n*T`), the
 //!   add *is* GCRA's admission on `x` at this reading, exactly the CAS it
 //!   replaces, at its place in the word's modification order;
-//! - otherwise (another admission filled the bucket since the load, or a
-//!   refund, reset or rollback lowered it below now) the add is taken back
-//!   and the request decided again by the CAS loop. The add wrote
-//!   `x + n*T`, which is GCRA's admission on `x` at any reading up to `x`:
-//!   it is taken back as a multi-limit charge at the reading `min(x, now)`
-//!   (its rollback rule and proof are `crate::multi`'s, which hold for any
-//!   charge that applied GCRA's map at its reading and read its clock
-//!   before its store: this one did, at that reading), and only if no
-//!   reset began since the check read the generation before its add
-//!   (`crate::resets`, "Which bucket" in `crate::multi`): an add on a
-//!   bucket that a reset has since replaced is never taken out of the new
-//!   one.
+//! - if `x` is at or past now but the request overshoots it (another
+//!   admission filled the bucket since the load), the add wrote
+//!   `x + n*T = max(x, now) + n*T`: GCRA's admission map at this check's
+//!   reading, applied to `x`, exactly a multi-limit charge. It is taken
+//!   back as one, by the multi-limit rollback rule and under its proof
+//!   (`crate::multi`), and only if no reset began since the check read the
+//!   generation before its add (`crate::resets`, "Which bucket" in
+//!   `crate::multi`): an add on a bucket that a reset has since replaced
+//!   is never taken out of the new one. The request is then decided by
+//!   the CAS loop;
+//! - if `x` is before now (a refund, reset or take-back lowered the state
+//!   since the load: the bucket was full at this reading), the add is not
+//!   GCRA's map at this reading, and the rule's proof does not cover
+//!   taking it back, so it is left in place: it adds at most
+//!   `x + n*T - now < n*T` of debt past now, up to `n` tokens fewer,
+//!   never more. The request is then decided by the CAS loop.
 //!
 //! So no interleaving admits more than the bucket allows. What it costs:
 //! between an add that is taken back and its take-back, the state is
@@ -33,13 +37,12 @@
 //! then may be denied where it would have been admitted a moment later
 //! (a spurious denial, as a multi-limit check's charge can cause before its
 //! rollback): only at the boundary of a full bucket, where two checks race
-//! for its last tokens. A take-back keeps at most `now_r - min(x, now)` of
-//! the add (its own reading `now_r` is after the add), which is zero on a
-//! frozen clock and the check's own duration otherwise when `x >= now`
-//! (as a multi-limit rollback keeps); an add that met a state below now
-//! (lowered by a refund, reset or rollback since the load: rare) keeps up
-//! to `n*T` of a bucket that was full at `x`. An add that a reset overlaps
-//! is left in the new bucket: `n` tokens, only while a reset runs.
+//! for its last tokens. A take-back keeps at most `now_r - now` of the add
+//! (its own reading `now_r` is after the add): zero on a frozen clock, the
+//! check's own duration otherwise, as a multi-limit rollback keeps. An add
+//! left in a full bucket, or one that a reset overlaps (left in the new
+//! bucket), costs up to `n` tokens, only when a refund, reset or take-back
+//! lands between a check's load and its add.
 //!
 //! The add cannot corrupt the word: this cell is no map's, so it is never
 //! claimed, frozen or copied, and the bounds of `additive` (a state and a
@@ -183,35 +186,33 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
         {
             return Attempt::Done(Outcome::new(before, Some(after)));
         }
-        self.take_back(algorithm, before, after, now, cost, generation);
+        if before >= now {
+            self.take_back(algorithm, after, now, cost, generation);
+        } else {
+            // A full bucket at this reading (lowered since the load): the
+            // add is left in it (see the module docs).
+            crate::cell::count_retry();
+            probe!(ADD_LEFT_IN_FULL_BUCKET);
+        }
         Attempt::Reload
     }
 
-    /// Takes back an add that met `before` and wrote `after`, which did
-    /// not admit, if the cell still holds the bucket of `generation`.
+    /// Takes back an add that wrote `after` and did not admit (it met a
+    /// state at or past `now` that the request overshot), if the cell
+    /// still holds the bucket of `generation`.
     #[cold]
     #[inline(never)]
-    fn take_back(
-        &self,
-        algorithm: &A,
-        before: u64,
-        after: u64,
-        now: u64,
-        cost: u64,
-        generation: u64,
-    ) {
+    fn take_back(&self, algorithm: &A, after: u64, now: u64, cost: u64, generation: u64) {
         crate::cell::count_retry();
         probe!(ADD_TAKEN_BACK);
         #[cfg(test)]
         tests::TAKEN_BACK.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // The add was GCRA's admission at any reading up to `before`, and
-        // is taken back as one at the latest that is also no later than
-        // this check's own (see the module docs).
-        let reading = before.min(now);
+        // The add met a state at or past `now`: it was GCRA's admission at
+        // this check's reading, taken back as a multi-limit charge.
         self.resets.roll_back(generation, || {
             let _ = self.cell.modify(|state| {
                 // Read after the state, as a multi-limit rollback's.
-                algorithm.taken_back(state, reading, after, self.clock.now(), cost)
+                algorithm.taken_back(state, now, after, self.clock.now(), cost)
             });
         });
     }
