@@ -171,8 +171,9 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
     }
 
     /// Makes the additive admission `state -> next` with one add (see
-    /// "Admitting with an add" in the module docs), or, when the state the
-    /// add met does not admit it so, takes the add back.
+    /// "Admitting with an add" in the module docs). When the state the add
+    /// met does not admit it so, takes the add back (or leaves it in a
+    /// bucket that was full) and has the CAS loop decide.
     #[inline]
     fn admit_by_add(&self, algorithm: &A, state: u64, next: u64, now: u64, cost: u64) -> Attempt {
         let Some(generation) = self.resets.generation() else {
