@@ -21,12 +21,12 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use turnstile_rl::{KeyedLimiter, KeyedMultiLimiter, Quota, Quotas};
+use turnstile_rl::{DirectLimiter, KeyedLimiter, KeyedMultiLimiter, Quota, Quotas};
 
 fn main() {
     let Some(mode) = std::env::args().nth(1) else {
         eprintln!(
-            "usage: instructions <hits|million|churn|churn-at-default-bound|inserts|strings|multi>"
+            "usage: instructions <hits|million|churn|churn-at-default-bound|inserts|strings|multi|denied|direct|direct-denied|contended-direct|contended-key>"
         );
         std::process::exit(2);
     };
@@ -60,6 +60,26 @@ fn main() {
                     black_box(limiter.check(black_box(key))).is_allowed()
                 })
                 .count()
+        }
+        "denied" => {
+            let limiter = KeyedLimiter::<u64>::new(Quota::per_hour(1).expect("a valid quota"));
+            walk(1_000, |key| limiter.check(key).is_allowed())
+        }
+        "direct" => direct(DirectLimiter::new(quota)),
+        "direct-denied" => {
+            let limiter = DirectLimiter::new(Quota::per_hour(1).expect("a valid quota"));
+            let _ = limiter.check();
+            direct(limiter)
+        }
+        // Two threads on one bucket: what these count is CAS retries per
+        // check (printed), not instructions.
+        "contended-direct" => {
+            let limiter = DirectLimiter::new(under_load());
+            contended(|| limiter.check().is_allowed())
+        }
+        "contended-key" => {
+            let limiter = KeyedLimiter::<u64>::new(under_load());
+            contended(|| limiter.check(&7).is_allowed())
         }
         "multi" => {
             let limiter = KeyedMultiLimiter::<u64>::new(Quotas::from(quota));
@@ -96,4 +116,49 @@ fn walk(keys: u64, check: impl Fn(&u64) -> bool) -> usize {
     (0..2_000_000u64)
         .filter(|i| black_box(check(black_box(&((i * 2_654_435_761) % keys)))))
         .count()
+}
+
+/// Checks one direct limiter 2,000,000 times.
+fn direct(limiter: DirectLimiter) -> usize {
+    (0..2_000_000)
+        .filter(|_| black_box(black_box(&limiter).check()).is_allowed())
+        .count()
+}
+
+/// 1 per ms, burst 1e9 (a tolerance of 11.6 days, within the add path's
+/// bound): every check of a run is admitted, and each pushes the arrival
+/// time 1 ms further ahead of the clock.
+fn under_load() -> Quota {
+    Quota::with_period(Duration::from_millis(1))
+        .and_then(|quota| quota.burst(1_000_000_000))
+        .expect("a valid quota")
+}
+
+/// Runs `check` 20,000,000 times on each of two threads at once, and
+/// prints the CAS retries per check they took.
+fn contended(check: impl Fn() -> bool + Sync) -> usize {
+    const CHECKS: usize = 20_000_000;
+    let before = turnstile_rl::__private::cas_retries();
+    let barrier = std::sync::Barrier::new(2);
+    let admitted: usize = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    (0..CHECKS).filter(|_| black_box(check())).count()
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("a thread panicked"))
+            .sum()
+    });
+    let retries = turnstile_rl::__private::cas_retries() - before;
+    eprintln!(
+        "{retries} CAS retries in {} checks: {:.4} per check",
+        2 * CHECKS,
+        retries as f64 / (2 * CHECKS) as f64
+    );
+    admitted
 }

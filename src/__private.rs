@@ -32,6 +32,13 @@ pub fn loom_stripe<Q: Hash + ?Sized>(key: &Q) -> usize {
     crate::map::loom_stripe(key)
 }
 
+/// CAS retries taken by every cell of this process so far (what
+/// `Stats::process_cas_retries` reports), for benches that measure
+/// contention on a limiter with no `stats()` of its own.
+pub fn cas_retries() -> u64 {
+    crate::cell::cas_retries()
+}
+
 /// A quota's emission interval `T`, in nanoseconds.
 pub fn interval_nanos(quota: &Quota) -> u64 {
     quota.interval_nanos()

@@ -131,6 +131,69 @@ pub(crate) struct Charge {
     pub(crate) after: u64,
 }
 
+/// What one update did, in two words so that it travels in registers: the
+/// state its decision rested on, and the state it wrote (`NOTHING` when it
+/// denied). The `Decision`, six words, is built from it once the CAS loop
+/// is over ([`decision`](Outcome::decision)): built inside the loop and
+/// carried out of it, it went through the stack and was read back wider
+/// than it was written, a failed store forwarding (issue 34).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Outcome {
+    before: u64,
+    after: u64,
+}
+
+/// What [`Cell::update_from`] does with an admission its loop decided.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Attempt {
+    /// Land it with the CAS.
+    Cas,
+    /// Landed another way: this is the outcome.
+    Done(Outcome),
+    /// Not landed: load the word and decide again.
+    Reload,
+}
+
+/// `Outcome::after` of a denial: no state is this large (they end at
+/// [`STATE_END`]).
+const NOTHING: u64 = u64::MAX;
+
+impl Outcome {
+    /// A decision on `before` that wrote `after` (`None`: it denied).
+    #[inline]
+    pub(crate) fn new(before: u64, after: Option<u64>) -> Self {
+        Outcome {
+            before,
+            after: after.unwrap_or(NOTHING),
+        }
+    }
+
+    /// The state the admission wrote, `None` for a denial.
+    #[inline]
+    pub(crate) fn admitted(self) -> Option<u64> {
+        (self.after != NOTHING).then_some(self.after)
+    }
+
+    /// Whether the request was admitted.
+    #[cfg(test)]
+    pub(crate) fn is_allowed(self) -> bool {
+        self.after != NOTHING
+    }
+
+    /// The answer, for a request of `cost` decided at `now` by `algorithm`.
+    #[inline]
+    pub(crate) fn decision<A: Algorithm>(self, algorithm: &A, now: u64, cost: u64) -> Decision {
+        algorithm.decision(self.before, now, cost, self.admitted())
+    }
+
+    /// The admission as a multi-limit rollback needs it, if there was one,
+    /// decided at `now`.
+    #[inline]
+    pub(crate) fn charge(self, now: u64) -> Option<Charge> {
+        self.admitted().map(|after| Charge { now, after })
+    }
+}
+
 /// CAS retries taken by all cells of the process: read by `stats()`, and
 /// by the stress tests to assert that they really raced. Written only
 /// when a CAS fails, never on an uncontended check.
@@ -141,8 +204,12 @@ pub(crate) fn cas_retries() -> u64 {
     CAS_RETRIES.sum()
 }
 
-#[inline]
-fn count_retry() {
+/// Out of line: inlined, its thread-local lookup was hoisted above the
+/// CAS it follows, work between the load and the CAS that does not decide
+/// the CAS.
+#[cold]
+#[inline(never)]
+pub(crate) fn count_retry() {
     CAS_RETRIES.add();
     probe!(CAS_RETRY);
 }
@@ -185,35 +252,48 @@ impl Cell {
         }
     }
 
-    /// Decides a request of `cost` (already checked) at `now`.
+    /// Decides a request of `cost` (already checked) at `now`: one CAS
+    /// loop that computes only the state it writes
+    /// ([`admit`](crate::algorithms::sealed::Sealed::admit)), and returns
+    /// what the caller needs to build the answer after it.
     #[inline]
     pub(crate) fn update<A: Algorithm>(
         &self,
         algorithm: &A,
         now: u64,
         cost: u64,
-    ) -> Result<Decision, Gone> {
-        // Inlined, the unused charge record costs nothing.
-        self.charge(algorithm, now, cost)
-            .map(|(decision, _)| decision)
+    ) -> Result<Outcome, Gone> {
+        let current = self.word.load(Ordering::Relaxed);
+        self.update_from(current, algorithm, now, cost, |_, _| Attempt::Cas)
     }
 
-    /// [`update`](Cell::update) that also reports the admission it made
-    /// (its reading and the state it wrote), for the multi-limit rollback.
-    #[inline]
-    pub(crate) fn charge<A: Algorithm>(
+    /// [`update`](Cell::update) from the word `current`, just loaded, in
+    /// which each admission `state -> next` is first offered to `attempt`
+    /// (a direct limiter's add: `crate::direct`). Always inlined: its
+    /// outcome then stays in registers, and an `attempt` that always says
+    /// [`Attempt::Cas`] costs nothing.
+    #[inline(always)]
+    pub(crate) fn update_from<A: Algorithm>(
         &self,
+        mut current: u64,
         algorithm: &A,
         now: u64,
         cost: u64,
-    ) -> Result<(Decision, Option<Charge>), Gone> {
-        let mut current = self.word.load(Ordering::Relaxed);
+        mut attempt: impl FnMut(u64, u64) -> Attempt,
+    ) -> Result<Outcome, Gone> {
         loop {
             let state = updatable(current)?;
-            let step = algorithm.decide(state, now, cost);
-            let Some(next) = step.next else {
-                return Ok((step.decision, None));
+            let Some(next) = algorithm.admit(state, now, cost) else {
+                return Ok(Outcome::new(state, None));
             };
+            match attempt(state, next) {
+                Attempt::Cas => {}
+                Attempt::Done(outcome) => return Ok(outcome),
+                Attempt::Reload => {
+                    current = self.word.load(Ordering::Relaxed);
+                    continue;
+                }
+            }
             // Weak: a spurious failure only costs one more trip round the
             // loop, and the weak form is a plain LL/SC on ARM.
             match self.word.compare_exchange_weak(
@@ -222,16 +302,33 @@ impl Cell {
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => {
-                    let charge = Charge { now, after: next };
-                    return Ok((step.decision, Some(charge)));
-                }
+                Ok(_) => return Ok(Outcome::new(state, Some(next))),
                 Err(actual) => {
                     count_retry();
                     current = actual;
                 }
             }
         }
+    }
+
+    /// The word now, for [`update_from`](Cell::update_from) or
+    /// [`add`](Cell::add).
+    #[inline]
+    pub(crate) fn load(&self) -> u64 {
+        self.word.load(Ordering::Relaxed)
+    }
+
+    /// Adds `amount` to the state, whatever it is, and returns the state
+    /// it was added to. Only for a cell no map holds (a direct limiter's,
+    /// never claimed, frozen or copied: on a map's cell the add would turn
+    /// a reserved word into another), and only with amounts whose sum in
+    /// flight keeps the state below [`STATE_END`] (see `crate::direct`).
+    /// Relaxed, as an update's CAS: the word publishes nothing else.
+    #[inline]
+    pub(crate) fn add(&self, amount: u64) -> u64 {
+        self.word
+            .fetch_add(amount, Ordering::Relaxed)
+            .wrapping_sub(1)
     }
 
     /// Claims the cell for eviction if `claimable(state)`: after a

@@ -151,7 +151,7 @@ use std::hash::Hash;
 use std::marker::PhantomData;
 
 use crate::algorithms::{Algorithm, FromQuota, Gcra};
-use crate::cell::{Cell, Charge, Gone};
+use crate::cell::{Cell, Charge, Gone, Outcome};
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::Decision;
 use crate::error::{CostError, QuotaError};
@@ -183,10 +183,47 @@ pub(crate) const OVERFLOW_SAMPLE: usize = 8;
 /// cell) is measured in `BENCHMARKS.md`.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
-/// What a check did on its key's bucket: the decision, and, when it
-/// admitted onto a tracked bucket, the admission and the cell it landed on
-/// (what a multi-limit rollback takes out again; a single check drops it).
-pub(crate) type Checked<'p> = (Decision, Option<(Charge, &'p Cell)>);
+/// What a check did on its key's bucket, in a few words that stay in
+/// registers: the CAS loop's outcome, the reading it was decided at, the
+/// cell it landed on, and whether the overflow policy refused it. The
+/// [`Decision`] is built from it at the end ([`decision`](Checked::decision)),
+/// and a multi-limit check takes the admission from it
+/// ([`charge`](Checked::charge)).
+#[derive(Clone, Copy)]
+pub(crate) struct Checked<'p> {
+    outcome: Outcome,
+    now: u64,
+    /// The tracked bucket decided on; `None` for a request decided without
+    /// one (untracked, or refused by the overflow policy).
+    cell: Option<&'p Cell>,
+    refused: bool,
+}
+
+impl<'p> Checked<'p> {
+    /// The answer for a request of `cost` that `algorithm` decided.
+    #[inline]
+    pub(crate) fn decision(self, algorithm: &impl Algorithm, cost: u64) -> Decision {
+        if self.refused {
+            return self.refusal(algorithm, cost);
+        }
+        self.outcome.decision(algorithm, self.now, cost)
+    }
+
+    /// Out of line: a select between two decisions built the common one
+    /// on the stack.
+    #[cold]
+    #[inline(never)]
+    fn refusal(self, algorithm: &impl Algorithm, cost: u64) -> Decision {
+        self.outcome.decision(algorithm, self.now, cost).refused()
+    }
+
+    /// The admission this check made on a tracked bucket, and its cell:
+    /// what a multi-limit rollback takes out again.
+    #[inline]
+    pub(crate) fn charge(self) -> Option<(Charge, &'p Cell)> {
+        self.outcome.charge(self.now).zip(self.cell)
+    }
+}
 
 /// How `admit` dealt with a missing key.
 enum Admission<'p, K> {
@@ -395,7 +432,8 @@ where
         let hash = self.map.hash(key);
         let map = self.map.pin();
         // The admission record is dropped: inlined, it costs nothing.
-        self.check_pinned(&map, hash, key, cost, algorithm).0
+        self.check_pinned(&map, hash, key, cost, algorithm)
+            .decision(algorithm, cost)
     }
 
     /// This limiter's map, pinned: a multi-limit check holds it from its
@@ -417,12 +455,13 @@ where
         gcra: &Gcra,
         key: &Q,
         n: u64,
-    ) -> Checked<'p>
+    ) -> (Decision, Option<(Charge, &'p Cell)>)
     where
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.check_pinned(map, self.map.hash(key), key, n, gcra)
+        let checked = self.check_pinned(map, self.map.hash(key), key, n, gcra);
+        (checked.decision(gcra, n), checked.charge())
     }
 
     /// The one check path, for every single check and each limit of a
@@ -430,12 +469,12 @@ where
     /// reads the clock, runs a housekeeping step if one is due, and decides
     /// the request on the key's bucket (inserting it if absent).
     ///
-    /// Always inlined, with `decide_found`: the charge record it returns
-    /// then stays in registers, or is never built when the caller drops it.
-    /// Called out of line (as a multi-limit check's second call site made
-    /// it), the record went through the stack and was read back wider than
-    /// it was written, a failed store forwarding that cost a one-limit
-    /// multi-limit check a third of its time (BENCHMARKS.md).
+    /// Always inlined, with `decide_found`: what it returns then stays in
+    /// registers, and the parts the caller drops are never built. Called
+    /// out of line (as a multi-limit check's second call site made it),
+    /// the charge record went through the stack and was read back wider
+    /// than it was written, a failed store forwarding that cost a
+    /// one-limit multi-limit check a third of its time (BENCHMARKS.md).
     #[inline(always)]
     fn check_pinned<'p, Q, D>(
         &self,
@@ -512,18 +551,44 @@ where
             let slot = match found {
                 Some(slot) => slot,
                 None => match self.admit(map, hash, key, now, cost, algorithm, idle) {
-                    Admission::Inserted(decision, charge, slot) => {
-                        return (decision, charge.map(|c| (c, &slot.cell)))
+                    // Decided on the fresh state 0 at `*now`, the reading
+                    // `admit` leaves there; the decision is made again from
+                    // the outcome, as on every path, by the same pure
+                    // function.
+                    Admission::Inserted(decided, charge, slot) => {
+                        let outcome = Outcome::new(0, charge.map(|c| c.after));
+                        let now = charge.map_or(*now, |c| c.now);
+                        debug_assert_eq!(outcome.decision(algorithm, now, cost), decided);
+                        return Checked {
+                            outcome,
+                            now,
+                            cell: Some(&slot.cell),
+                            refused: false,
+                        };
                     }
                     Admission::Found(slot) => slot,
                     // Untracked or refused: nothing was charged.
                     Admission::Refused(now) => {
-                        return (self.overflow_decision(algorithm, now, cost), None)
+                        let refused = self.overflow_refuses();
+                        let fresh = algorithm.admit(0, now, cost);
+                        return Checked {
+                            outcome: Outcome::new(0, fresh),
+                            now,
+                            cell: None,
+                            refused,
+                        };
                     }
                 },
             };
-            match slot.cell.charge(algorithm, *now, cost) {
-                Ok((decision, charge)) => return (decision, charge.map(|c| (c, &slot.cell))),
+            match slot.cell.update(algorithm, *now, cost) {
+                Ok(outcome) => {
+                    return Checked {
+                        outcome,
+                        now: *now,
+                        cell: Some(&slot.cell),
+                        refused: false,
+                    }
+                }
                 // Evicted under our feet: the key is absent now; look again.
                 Err(Gone::Dead) => {
                     probe!(UPDATE_MET_TOMBSTONE);
@@ -600,17 +665,19 @@ where
         }
     }
 
+    /// Counts a request the overflow policy kept out of the map, and says
+    /// whether it is refused (otherwise it is decided as the first of a
+    /// full bucket, untracked).
     #[cold]
-    fn overflow_decision(&self, algorithm: &impl Algorithm, now: u64, cost: u64) -> Decision {
-        let fresh = algorithm.decide(0, now, cost).decision;
+    fn overflow_refuses(&self) -> bool {
         match self.overflow {
             OverflowPolicy::AllowUntracked => {
                 self.counters.add(Event::OverflowUntracked, 1);
-                fresh
+                false
             }
             OverflowPolicy::EvictFullest | OverflowPolicy::Deny => {
                 self.counters.add(Event::OverflowRefusal, 1);
-                fresh.refused()
+                true
             }
         }
     }

@@ -50,6 +50,12 @@ pub(crate) fn hit(probe: &Probe) {
     probe.last.store(now, Ordering::Relaxed);
 }
 
+/// A direct limiter's add met a state that its request overshot (another
+/// admission came between its load and its add), and was taken back.
+pub static ADD_TAKEN_BACK: Probe = Probe::new();
+/// A direct limiter's add met a state below its reading (lowered since
+/// its load), and was left in the bucket, which was full.
+pub static ADD_LEFT_IN_FULL_BUCKET: Probe = Probe::new();
 /// A cell's CAS failed because another update landed first.
 pub static CAS_RETRY: Probe = Probe::new();
 /// A check's update met a tombstone: its key was evicted under it.

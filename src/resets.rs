@@ -83,6 +83,16 @@ impl Resets {
         (charged, same.then_some(generation(before)))
     }
 
+    /// The generation of the bucket the cell holds now, or `None` while a
+    /// reset is under way: read before a direct check's add, whose take
+    /// back acts only if it is still current ([`roll_back`](Self::roll_back)).
+    #[inline]
+    pub(crate) fn generation(&self) -> Option<u64> {
+        // Acquire: as a charge's first load.
+        let word = self.word.load(Ordering::Acquire);
+        (!resetting(word)).then_some(generation(word))
+    }
+
     /// Runs `roll_back` (one CAS loop on the cell) if the cell still holds
     /// the bucket of `charged` (a generation from [`charge`](Self::charge)),
     /// holding off any reset until it has landed. Returns whether it ran.

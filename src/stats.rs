@@ -53,7 +53,8 @@ pub struct Stats {
     /// together, not by this one: every limiter's snapshot reads the same
     /// figure, so never add it up over limiters. A measure of contention on
     /// hot keys; process-wide, since counting per limiter would add a
-    /// shared write to every contended check.
+    /// shared write to every contended check. A direct limiter's add that
+    /// did not admit and was taken back counts as one.
     pub process_cas_retries: u64,
 }
 

@@ -440,7 +440,7 @@ fn run<K: Sync, S: Subject<K>>(
 
 /// `threads` threads, each running its own `check` (made by `make` from
 /// the thread's index) `iters` times; the slowest thread's time.
-fn parallel<F, C>(threads: usize, iters: u64, make: F) -> Duration
+pub(crate) fn parallel<F, C>(threads: usize, iters: u64, make: F) -> Duration
 where
     F: Fn(usize) -> C + Sync,
     C: FnMut() -> bool,

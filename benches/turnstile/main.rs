@@ -7,6 +7,7 @@
 //! cargo bench --bench turnstile                       # everything
 //! cargo bench --bench turnstile -- direct             # the direct groups
 //! cargo bench --bench turnstile -- keyed              # the keyed groups
+//! cargo bench --bench turnstile -- contended          # one bucket, two threads
 //! cargo bench --bench turnstile -- limiters           # 1, 9, 16 limiters in turn
 //! cargo bench --bench turnstile -- ops                # peek, refund, multi-limit
 //! cargo bench --bench turnstile -- batch              # check_batch vs per-key loops
@@ -20,6 +21,7 @@
 use criterion::{criterion_group, criterion_main};
 
 mod batch;
+mod contended;
 mod direct;
 mod keyed;
 mod limiters;
@@ -29,6 +31,7 @@ mod ops;
 criterion_group!(
     benches,
     direct::bench,
+    contended::bench,
     keyed::bench,
     limiters::bench,
     ops::bench,

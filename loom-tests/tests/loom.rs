@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use loom::thread;
 use turnstile_rl::__private::loom_stripe;
+use turnstile_rl::algorithms::{Algorithm, FixedWindow};
 use turnstile_rl::probe::{self, Probe};
 use turnstile_rl::{
     DirectLimiter, KeyedLimiter, ManualClock, MultiLimiter, OverflowPolicy, Quota, Quotas,
@@ -92,23 +93,59 @@ fn reached(since: usize, probe: &Probe, race: &str) {
     );
 }
 
+/// Two checks, on this thread and another, race for the last token of
+/// `limiter`, whose burst is 2 (the first taken here): exactly one passes.
+fn race_for_the_last_token<A: Algorithm + 'static>(limiter: &Arc<DirectLimiter<ManualClock, A>>) {
+    assert!(limiter.check().is_allowed());
+    let other = limiter.clone();
+    let a = spawn(move || other.check().is_allowed());
+    let b = limiter.check().is_allowed();
+    let a = a.join().unwrap();
+    assert!(a ^ b, "exactly one of two may take the last token: {a} {b}");
+}
+
 /// (a) Two updaters on one cell with one token left: exactly one passes.
+/// A fixed window, whose admissions are CASes: GCRA's, under load here,
+/// are adds (the next model).
 #[test]
 fn two_updaters_one_token() {
     let since = model(|| {
-        let limiter = Arc::new(
-            DirectLimiter::builder(quota(2))
-                .clock(ManualClock::new())
-                .build(),
-        );
-        assert!(limiter.check().is_allowed());
-        let other = limiter.clone();
-        let a = spawn(move || other.check().is_allowed());
-        let b = limiter.check().is_allowed();
-        let a = a.join().unwrap();
-        assert!(a ^ b, "exactly one of two may take the last token: {a} {b}");
+        let window = DirectLimiter::builder(Quota::per_second(2).unwrap())
+            .clock(ManualClock::new())
+            .algorithm_for::<FixedWindow>()
+            .unwrap()
+            .build();
+        race_for_the_last_token(&Arc::new(window));
     });
     reached(since, &probe::CAS_RETRY, "a CAS lost to the other updater");
+}
+
+/// A direct limiter under load admits with an add (`crate::direct`,
+/// "Admitting with an add"): two checks race for its last token, the add
+/// that meets the state the other's wrote does not admit, and is taken
+/// back. Exactly one passes, and the bucket holds exactly the one token
+/// taken: the take-back left nothing of the add behind, and gave back
+/// nothing more.
+#[test]
+fn direct_adds_race_for_the_last_token() {
+    let since = model(|| {
+        let clock = ManualClock::new();
+        let limiter = Arc::new(
+            DirectLimiter::builder(quota(2))
+                .clock(clock.clone())
+                .build(),
+        );
+        race_for_the_last_token(&limiter);
+        assert_eq!(limiter.peek().retry_after(), Some(T), "empty, exactly");
+        clock.advance(T);
+        assert!(limiter.check().is_allowed());
+        assert!(limiter.check().is_denied());
+    });
+    reached(
+        since,
+        &probe::ADD_TAKEN_BACK,
+        "an add that met the other's admission, taken back",
+    );
 }
 
 /// (b) Two threads inserting the same key: one bucket, both updates counted.

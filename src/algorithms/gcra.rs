@@ -125,7 +125,64 @@ impl sealed::Sealed for Gcra {
             burst: NonZeroU64::new(burst).unwrap_or(NonZeroU64::MIN),
         }
     }
+
+    #[inline]
+    fn admit(&self, tat: u64, now: u64, cost: u64) -> Option<u64> {
+        // Defensive for costs that skipped check_cost: never above tau.
+        let increment = cost.min(self.burst.get()) * self.interval.get();
+        // The cell reserves the words from STATE_END on (2^63 - 4 ns,
+        // 292 years after the clock's origin).
+        match tat.max(now).checked_add(increment) {
+            Some(next) if next - now <= self.tolerance && next < STATE_END => Some(next),
+            _ => None,
+        }
+    }
+
+    #[inline]
+    fn decision(&self, tat: u64, now: u64, cost: u64, next: Option<u64>) -> Decision {
+        let (t, tau, burst) = (self.interval, self.tolerance, self.burst.get());
+        if let Some(next) = next {
+            return Decision::allowed(burst, tau - (next - now), t, next - now);
+        }
+        let increment = cost.min(burst) * t.get();
+        let backlog = tat.max(now) - now;
+        let retry = match tat.max(now).checked_add(increment) {
+            // A TAT at or past STATE_END can never be recorded, so
+            // waiting would not help either.
+            Some(next) if next - now > tau && next < STATE_END => next - now - tau,
+            // The new TAT cannot be recorded: the end of the clock.
+            _ => u64::MAX,
+        };
+        Decision::denied(burst, tau.saturating_sub(backlog), t, backlog, retry)
+    }
+
+    #[inline]
+    fn additive(&self, tat: u64, now: u64, next: u64) -> bool {
+        // Under load `max(tat, now) = tat`, so the new TAT is `tat + n*T`.
+        // The bounds keep every sum of adds in flight below the cell's
+        // reserved words (see `ADD_BELOW`).
+        tat >= now && tat < ADD_BELOW && next - tat <= ADD_MOST && self.tolerance < ADD_BELOW
+    }
+
+    #[inline]
+    fn taken_back(&self, tat: u64, reading: u64, after: u64, now: u64, cost: u64) -> Option<u64> {
+        let charge = Charge {
+            now: reading,
+            after,
+        };
+        self.rolled_back(tat, &charge, now, cost)
+    }
 }
+
+/// The add path's bounds (`Sealed::additive`): a state and a tolerance
+/// below 2^61 ns (73 years) and an amount of at most 2^32 ns (4.3 s).
+/// Every state an admission writes is then below its reading plus 2^61,
+/// so while readings stay below 2^62 ns (146 years after the clock's
+/// origin) a state reaches the first reserved word, `2^63 - 3`, only with
+/// more than `2^61 / 2^32 = 2^29` adds in flight at once, one per thread:
+/// no process runs that many threads.
+const ADD_BELOW: u64 = 1 << 61;
+const ADD_MOST: u64 = 1 << 32;
 
 impl Algorithm for Gcra {
     #[inline]
@@ -142,37 +199,12 @@ impl Algorithm for Gcra {
 
     #[inline]
     fn decide(&self, tat: u64, now: u64, cost: u64) -> Step {
-        let (t, tau, burst) = (self.interval, self.tolerance, self.burst.get());
-        // Defensive for costs that skipped check_cost: never above tau.
-        let increment = cost.min(burst) * t.get();
-        let base = tat.max(now);
-        let backlog = base - now;
-        match base.checked_add(increment) {
-            // The cell reserves the words from STATE_END on (2^63 - 4 ns,
-            // 292 years after the clock's origin).
-            Some(next) if next - now <= tau && next < STATE_END => Step {
-                next: Some(next),
-                decision: Decision::allowed(burst, tau - (next - now), t, next - now),
-            },
-            sum => {
-                let retry = match sum {
-                    // A TAT at or past STATE_END can never be recorded, so
-                    // waiting would not help either.
-                    Some(next) if next - now > tau && next < STATE_END => next - now - tau,
-                    // The new TAT cannot be recorded: the end of the clock.
-                    _ => u64::MAX,
-                };
-                Step {
-                    next: None,
-                    decision: Decision::denied(
-                        burst,
-                        tau.saturating_sub(backlog),
-                        t,
-                        backlog,
-                        retry,
-                    ),
-                }
-            }
+        use sealed::Sealed;
+        // In two halves, so that a cell's CAS loop runs the first alone.
+        let next = self.admit(tat, now, cost);
+        Step {
+            next,
+            decision: self.decision(tat, now, cost, next),
         }
     }
 

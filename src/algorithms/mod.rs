@@ -142,6 +142,8 @@ impl FromQuota for SlidingWindow {
 }
 
 pub(crate) mod sealed {
+    use crate::decision::Decision;
+
     /// Words of an algorithm's parameters (see `to_words`).
     pub const WORDS: usize = 3;
 
@@ -153,5 +155,58 @@ pub(crate) mod sealed {
         fn to_words(&self) -> [u64; WORDS];
         /// The parameters back from [`to_words`](Sealed::to_words)'s words.
         fn from_words(words: [u64; WORDS]) -> Self;
+
+        /// [`decide`](super::Algorithm::decide)'s `next` alone: the state
+        /// an admission writes, `None` for a denial. What a cell's CAS
+        /// loop computes between its load and its compare-exchange, and
+        /// nothing more (DESIGN.md, "A check's fixed cost"): the figures
+        /// of the answer are [`decision`](Sealed::decision)'s, built once
+        /// the loop is over. A request is admitted exactly when this is
+        /// `Some`, for every algorithm the crate ships.
+        #[inline]
+        fn admit(&self, state: u64, now: u64, cost: u64) -> Option<u64>
+        where
+            Self: super::Algorithm,
+        {
+            self.decide(state, now, cost).next
+        }
+
+        /// [`decide`](super::Algorithm::decide)'s `decision`, given `next`,
+        /// what [`admit`](Sealed::admit) returned for the same arguments.
+        #[inline]
+        fn decision(&self, state: u64, now: u64, cost: u64, next: Option<u64>) -> Decision
+        where
+            Self: super::Algorithm,
+        {
+            debug_assert_eq!(next, self.admit(state, now, cost));
+            self.decide(state, now, cost).decision
+        }
+
+        /// Whether the admission `state -> next` at `now` (what
+        /// [`admit`](Sealed::admit) decided) may be made by adding
+        /// `next - state` to the state, whatever it is: whether, when the
+        /// state is `x` instead, admitting is `x -> x + (next - state)`
+        /// (GCRA under load: TAT at or past now). An add cannot fail where
+        /// a CAS retries (see `crate::direct`'s "Admitting with an add").
+        #[inline]
+        fn additive(&self, _state: u64, _now: u64, _next: u64) -> bool {
+            false
+        }
+
+        /// The state after taking the add of an
+        /// [`additive`](Sealed::additive) admission of `cost`, made as an admission at `reading` that wrote
+        /// `after`, out of `state` at `now`; `None` to leave `state` as it
+        /// is. Only called when `additive` gave an amount.
+        #[inline]
+        fn taken_back(
+            &self,
+            _state: u64,
+            _reading: u64,
+            _after: u64,
+            _now: u64,
+            _cost: u64,
+        ) -> Option<u64> {
+            None
+        }
     }
 }

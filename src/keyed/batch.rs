@@ -191,9 +191,9 @@ where
                 // and leaves that later reading in `now`, so time never
                 // runs backwards within a batch.
                 let found = map.find(hash, key);
-                let (decision, _) =
+                let checked =
                     self.decide_found(&map, hash, key, found, &mut now, cost, algorithm, &idle);
-                out.push(decision);
+                out.push(checked.decision(algorithm, cost));
             }
         }
     }

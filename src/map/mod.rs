@@ -55,9 +55,9 @@ impl<K: Send + 'static> Map<K> {
 }
 
 impl<K> Map<K> {
-    /// This map with migrations copying `chunk` slots at a time (at least
-    /// 1) instead of `MIGRATION_CHUNK`: for tests that run the map's races
-    /// at the chunk size loom uses.
+    /// This map with migrations copying `chunk` slots at a time (at
+    /// least one) instead of `MIGRATION_CHUNK`: for tests that run the
+    /// map's races at the chunk size loom uses.
     pub(crate) fn with_migration_chunk(mut self, chunk: usize) -> Self {
         self.raw.chunk = chunk.max(1);
         self

@@ -71,6 +71,12 @@ const RECLAIM_EVERY: u32 = 64;
 
 /// One thread's announcement. Records are never freed: a thread's is taken
 /// back by the next thread that registers.
+///
+/// Aligned as `crossbeam_utils::CachePadded` is on x86-64 and AArch64 (two
+/// 64-byte lines, which the spatial prefetcher fetches together): its
+/// owner writes `sequence` twice per check, and two threads' records on
+/// one line made every check of each take the line from the other.
+#[repr(align(128))]
 struct Record {
     /// Odd while the owner is pinned, even otherwise; only ever grows.
     sequence: AtomicU64,

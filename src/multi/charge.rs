@@ -67,9 +67,12 @@ impl<C: Clock> DirectLimiter<C, Gcra> {
     pub(super) fn charge(&self, gcra: &Gcra, n: u64) -> (Decision, Option<(Charge, u64)>) {
         let (cell, resets) = self.bucket();
         let now = self.clock().now();
-        let (charged, generation) = resets.charge(|| cell.charge(gcra, now, n));
+        let (charged, generation) = resets.charge(|| cell.update(gcra, now, n));
         match charged {
-            Ok((decision, charge)) => (decision, charge.zip(generation)),
+            Ok(outcome) => (
+                outcome.decision(gcra, now, n),
+                outcome.charge(now).zip(generation),
+            ),
             // A direct limiter has no evictor, so its cell is never claimed.
             Err(_) => unreachable!("a direct limiter's cell is never tombstoned"),
         }
