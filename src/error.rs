@@ -103,6 +103,19 @@ pub enum CostError {
     },
 }
 
+impl CostError {
+    /// A cost of `cost` against a limiter that admits at most `capacity`
+    /// at once: `Ok`, or why no wait can meet it.
+    #[inline]
+    pub(crate) fn check(cost: u64, capacity: u64) -> Result<(), CostError> {
+        match cost {
+            0 => Err(CostError::Zero),
+            cost if cost > capacity => Err(CostError::ExceedsCapacity { cost, capacity }),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// A list of quotas (`"10/s burst 20; 1000/h"`) that cannot be built or
 /// parsed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -130,14 +130,7 @@ impl sealed::Sealed for Gcra {
 impl Algorithm for Gcra {
     #[inline]
     fn check_cost(&self, cost: u64) -> Result<(), CostError> {
-        match cost {
-            0 => Err(CostError::Zero),
-            n if n > self.burst.get() => Err(CostError::ExceedsCapacity {
-                cost: n,
-                capacity: self.burst.get(),
-            }),
-            _ => Ok(()),
-        }
+        CostError::check(cost, self.burst.get())
     }
 
     #[inline]

@@ -175,6 +175,14 @@ impl HeaderSet {
         })
     }
 
+    /// Appends `policy` (from [`policy`](HeaderSet::policy)) alone: for
+    /// an answer no bucket decided (a cost no limit can meet).
+    pub(crate) fn write_policy(&self, policy: Option<HeaderValue>, headers: &mut HeaderMap) {
+        if let Some(policy) = policy {
+            headers.append(RATELIMIT_POLICY, policy);
+        }
+    }
+
     /// Writes the rate-limit fields for `decision`, the decision of the
     /// policy at `binding` (not `Retry-After`: see [`write_retry_after`]),
     /// with `policy` from [`policy`](HeaderSet::policy).

@@ -17,6 +17,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use super::{RedisLimitError, RedisLimiter, RedisMulti};
+use crate::algorithms::Algorithm;
+use crate::error::CostError;
 use crate::http::{HttpKey, Limiter};
 use crate::multi::MultiDecision;
 use crate::quota::Quota;
@@ -30,6 +32,19 @@ impl Limiter for Arc<RedisLimiter> {
         // The inherent check, by path: `limiter.check` would find this very
         // trait method on the `Arc` first.
         Box::pin(async move { RedisLimiter::check(&limiter, &key).await.map(Into::into) })
+    }
+
+    /// The cost is checked against the quota now; a quota changed before
+    /// the call starts is checked again by the call, and a cost it cannot
+    /// meet is then the layer's limiter error.
+    fn check_n(&self, key: &HttpKey, cost: u64) -> Result<Self::Future, CostError> {
+        self.script().gcra().check_cost(cost)?;
+        let (limiter, key) = (Arc::clone(self), key.clone());
+        Ok(Box::pin(async move {
+            RedisLimiter::check_n(&limiter, &key, cost)
+                .await
+                .map(Into::into)
+        }))
     }
 
     fn quota(&self) -> Quota {
@@ -51,6 +66,16 @@ impl Limiter for Arc<RedisMulti> {
     fn check(&self, key: &HttpKey) -> Self::Future {
         let (limiter, key) = (Arc::clone(self), key.clone());
         Box::pin(async move { RedisMulti::check(&limiter, &key).await })
+    }
+
+    /// As for one limit: checked against the quotas now, and again by the
+    /// call.
+    fn check_n(&self, key: &HttpKey, cost: u64) -> Result<Self::Future, CostError> {
+        CostError::check(cost, RedisMulti::quotas(self).min_burst())?;
+        let (limiter, key) = (Arc::clone(self), key.clone());
+        Ok(Box::pin(async move {
+            RedisMulti::check_n(&limiter, &key, cost).await
+        }))
     }
 
     fn quota(&self) -> Quota {

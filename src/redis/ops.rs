@@ -316,16 +316,7 @@ impl Limits {
     /// An error for a cost some limit can never admit, naming the
     /// smallest burst.
     fn check_cost(&self, n: u64) -> Result<(), RedisLimitError> {
-        let min = self.quotas.min_burst();
-        match n {
-            0 => Err(CostError::Zero.into()),
-            n if n > min => Err(CostError::ExceedsCapacity {
-                cost: n,
-                capacity: min,
-            }
-            .into()),
-            _ => Ok(()),
-        }
+        Ok(CostError::check(n, self.quotas.min_burst())?)
     }
 }
 
