@@ -20,7 +20,9 @@ use super::call::CallPath;
 use super::changing::Changing;
 use super::error::{RedisBuildError, RedisCallError, RedisLimitError};
 use super::script::GcraScript;
-use super::{check_key, redis_key, HashTag, RedisLimiter};
+use super::{
+    check_key, redis_key, BreakerState, FailurePolicy, HashTag, MetricsSnapshot, RedisLimiter,
+};
 use crate::algorithms::Algorithm;
 use crate::decision::Decision;
 use crate::error::{CostError, QuotasError};
@@ -259,11 +261,14 @@ fn decode(
     Ok(Outcome { flag, decisions })
 }
 
-/// Several limits per key on Redis, from [`RedisLimiter::multi`]: each
-/// check is one script call that charges every limit or none.
+/// Several limits per key on Redis, from [`RedisMulti::builder`] (its
+/// quotas and the settings of a [`RedisLimiter`]'s builder) or from
+/// [`RedisLimiter::multi`]: each check is one script call that charges
+/// every limit or none.
 ///
-/// It shares its limiter's call path: the same connection, timeout,
-/// circuit breaker, failure policy and [metrics](RedisLimiter::metrics).
+/// Made by [`RedisLimiter::multi`], it shares that limiter's call path:
+/// the same connection, timeout, circuit breaker, failure policy and
+/// [metrics](RedisLimiter::metrics).
 /// A check Redis did not decide (an error, a timeout, the breaker open)
 /// gets the failure policy's decision, [marked as
 /// such](crate::Decision::is_fallback) and speaking for limit 0: open
@@ -448,6 +453,29 @@ impl RedisMulti {
     /// compares to know its `RateLimit-Policy` is current.
     pub fn quota_version(&self) -> u64 {
         self.limits.get().version
+    }
+
+    /// The circuit breaker's state now (shared with the limiter it was
+    /// made from, if any).
+    pub fn breaker_state(&self) -> BreakerState {
+        self.path.breaker_state()
+    }
+
+    /// The failure policy.
+    pub fn failure_policy(&self) -> &FailurePolicy {
+        self.path.policy()
+    }
+
+    /// Counters and latency percentiles of the call path: this multi's
+    /// calls, and those of the limiter it was made from, if any.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.path.metrics().snapshot()
+    }
+
+    /// The last failed Redis call's error, as
+    /// [`RedisLimiter::last_error`].
+    pub fn last_error(&self) -> Option<RedisCallError> {
+        self.path.metrics().last_error()
     }
 
     /// The Redis keys of `key`'s limits: the limiter's key, hash-tagged on
