@@ -105,10 +105,11 @@ async fn two_gateways_share_one_quota_through_redis() {
     assert_eq!(request(&b, "k2").await.status(), StatusCode::OK);
 }
 
-/// Redis killed mid-run: each gateway answers by its failure policy, and
-/// since the fleet's state is unknown, with `RateLimit-Policy` but no
-/// `RateLimit` field (issue 24: fail open used to send `r=0;t=0`, telling
-/// a client it admitted to back off).
+/// Redis killed mid-run: each gateway answers by its failure policy. Open
+/// and closed know no bucket: `RateLimit-Policy` but no `RateLimit` field
+/// (issue 24: fail open used to send `r=0;t=0`, telling a client it
+/// admitted to back off). A local fallback's answers describe its own
+/// quota and bucket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_redis_answers_by_the_failure_policy() {
     const POLICY: Option<&str> = Some("\"fleet\";q=1;w=60");
@@ -127,13 +128,20 @@ async fn a_dead_redis_answers_by_the_failure_policy() {
     assert_eq!(header(&second, "ratelimit"), Some("\"fleet\";r=0;t=60"));
 
     redis.kill();
-    // The local fallback admits 2 a minute on its own, then refuses.
-    let local_statuses = [
-        StatusCode::OK,
-        StatusCode::OK,
-        StatusCode::TOO_MANY_REQUESTS,
+    // The local fallback admits 2 a minute on its own, then refuses; its
+    // answers describe the local quota (one token per 30 s), the limit
+    // that decided, in every field (issue 37, item 3: they used to
+    // advertise the fleet's q=1 next to the local Retry-After).
+    let local_answers = [
+        (StatusCode::OK, "\"fleet\";r=1;t=30", None),
+        (StatusCode::OK, "\"fleet\";r=0;t=60", None),
+        (
+            StatusCode::TOO_MANY_REQUESTS,
+            "\"fleet\";r=0;t=60",
+            Some("30"),
+        ),
     ];
-    for local_status in local_statuses {
+    for (local_status, local_rate, local_retry) in local_answers {
         let admitted = request(&open, "fresh").await;
         assert_eq!(admitted.status(), StatusCode::OK);
         assert_eq!(header(&admitted, "ratelimit-policy"), POLICY);
@@ -148,10 +156,12 @@ async fn a_dead_redis_answers_by_the_failure_policy() {
 
         let fallback = request(&local, "fresh").await;
         assert_eq!(fallback.status(), local_status);
-        assert_eq!(header(&fallback, "ratelimit-policy"), POLICY);
-        assert_eq!(header(&fallback, "ratelimit"), None);
-        let waits = local_status == StatusCode::TOO_MANY_REQUESTS;
-        assert_eq!(header(&fallback, "retry-after").is_some(), waits);
+        assert_eq!(
+            header(&fallback, "ratelimit-policy"),
+            Some("\"fleet\";q=2;w=60")
+        );
+        assert_eq!(header(&fallback, "ratelimit"), Some(local_rate));
+        assert_eq!(header(&fallback, "retry-after"), local_retry);
     }
 }
 

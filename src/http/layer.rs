@@ -164,7 +164,20 @@ impl<L: Limiter> Shared<L> {
     /// The rate-limit fields for `decision` (binding limit `binding`), with
     /// `RateLimit-Policy` for the limiter's quotas now: rendered again
     /// after a quota change, on the first response that follows it.
+    ///
+    /// A fallback decision made by a local limiter is described by that
+    /// limiter's quota and bucket, not the store's it stands in for.
     fn write_headers(&self, decision: &Decision, binding: usize, headers: &mut http::HeaderMap) {
+        let local = decision
+            .is_fallback()
+            .then(|| self.limiter.fallback_quota())
+            .flatten();
+        if let Some(quota) = local {
+            let policy = self.headers.fallback_policy(binding, quota);
+            self.headers
+                .write_described(policy, decision, binding, true, headers);
+            return;
+        }
         let policy = self
             .headers
             .policy(self.limiter.quota_version(), || self.limiter.quotas());

@@ -112,6 +112,16 @@ pub trait Limiter: Send + Sync + 'static {
         vec![self.quota()]
     }
 
+    /// The quota a [fallback decision](crate::Decision::is_fallback) is
+    /// made under, when a local limiter makes it (a Redis limiter's
+    /// `FailurePolicy::Local`): the layer then describes such a decision
+    /// by that quota and its bucket (`RateLimit-Policy`, `RateLimit`,
+    /// `Retry-After`), the limit that decided. `None` (the default) when
+    /// fallback decisions describe no bucket (fail open, fail closed).
+    fn fallback_quota(&self) -> Option<Quota> {
+        None
+    }
+
     /// A number that moves whenever [`quotas`](Limiter::quotas) may answer
     /// differently: the layer renders `RateLimit-Policy` again on the first
     /// response after it moves, and keeps the rendering while it does not.
@@ -194,6 +204,10 @@ impl<L: Limiter + ?Sized> Limiter for Arc<L> {
 
     fn quotas(&self) -> Vec<Quota> {
         (**self).quotas()
+    }
+
+    fn fallback_quota(&self) -> Option<Quota> {
+        (**self).fallback_quota()
     }
 
     fn quota_version(&self) -> u64 {

@@ -8,7 +8,8 @@
 //! down or slow is the limiter's [`FailurePolicy`](super::FailurePolicy)'s
 //! business, and arrives as a [fallback](crate::Decision::is_fallback)
 //! decision (open: allowed; closed: denied with a `retry_after`; local: the
-//! local limiter's). Only a key the script refuses
+//! local limiter's, which the layer describes by the local quota: see
+//! [`Limiter::fallback_quota`]). Only a key the script refuses
 //! (empty, or above `MAX_KEY_BYTES`) is an error, which the layer answers
 //! with its [`OnLimiterError`](crate::http::OnLimiterError) policy.
 
@@ -54,6 +55,10 @@ impl Limiter for Arc<RedisLimiter> {
     fn quota_version(&self) -> u64 {
         RedisLimiter::quota_version(self)
     }
+
+    fn fallback_quota(&self) -> Option<Quota> {
+        self.failure_policy().local_quota()
+    }
 }
 
 /// Several limits per key in Redis, all or nothing: the headers name the
@@ -88,5 +93,9 @@ impl Limiter for Arc<RedisMulti> {
 
     fn quota_version(&self) -> u64 {
         RedisMulti::quota_version(self)
+    }
+
+    fn fallback_quota(&self) -> Option<Quota> {
+        self.failure_policy().local_quota()
     }
 }

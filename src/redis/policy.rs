@@ -73,6 +73,15 @@ impl FailurePolicy {
         decision.by_fallback()
     }
 
+    /// The local limiter's quota, for [`Local`](FailurePolicy::Local):
+    /// what its decisions are made under.
+    pub fn local_quota(&self) -> Option<crate::Quota> {
+        match self {
+            FailurePolicy::Local(limiter) => Some(limiter.quota()),
+            _ => None,
+        }
+    }
+
     /// A short name for reports ("fail-open", "fail-closed", "local").
     pub fn name(&self) -> &'static str {
         match self {
