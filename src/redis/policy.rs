@@ -23,8 +23,11 @@ use crate::keyed::KeyedLimiter;
 // the local limiter would only make users write `Box::new`.
 #[allow(clippy::large_enum_variant)]
 #[non_exhaustive]
+#[derive(Default)]
 pub enum FailurePolicy {
-    /// Allow every request (availability first).
+    /// Allow every request (availability first). The default: a rate
+    /// limiter that went down with Redis would take the service with it.
+    #[default]
     FailOpen,
     /// Deny every request (protection first). The decision's `retry_after`
     /// is the time until the circuit breaker next tries Redis (at least the
