@@ -95,10 +95,13 @@ impl Quota {
     /// `count` requests per `period`, burst `count`.
     pub fn new(count: u64, period: Duration) -> Result<Quota, QuotaError> {
         let count = NonZeroU64::new(count).ok_or(QuotaError::ZeroCount)?;
-        let period_nanos: u64 = period
-            .as_nanos()
-            .try_into()
-            .map_err(|_| QuotaError::PeriodTooLong { period })?;
+        let period_nanos: u64 =
+            period
+                .as_nanos()
+                .try_into()
+                .map_err(|_| QuotaError::PeriodTooLong {
+                    period: format!("{period:?}"),
+                })?;
         let period = NonZeroU64::new(period_nanos).ok_or(QuotaError::ZeroPeriod)?;
         Self::from_parts(count, period, count)
     }
@@ -253,8 +256,8 @@ impl FromStr for Quota {
             return Err(QuotaError::Empty);
         }
         let (count, rest) = trimmed.split_once('/').ok_or_else(|| QuotaError::Syntax {
-            text: text.to_owned(),
-            reason: "expected COUNT/PERIOD, for example 100/min",
+            text: trimmed.to_owned(),
+            reason: "expected COUNT/PERIOD, for example \"100/min\"",
         })?;
         let count = parse_count(count.trim(), "count")?;
         let rest = rest.trim();
@@ -318,7 +321,7 @@ fn parse_period(text: &str) -> Result<Duration, QuotaError> {
     };
     let (whole, fraction) = (digits(whole)?, digits(fraction)?);
     let too_long = QuotaError::PeriodTooLong {
-        period: Duration::MAX,
+        period: text.to_owned(),
     };
     let numerator = whole
         .checked_mul(scale)

@@ -968,7 +968,7 @@ fn policy_names_must_match_the_quotas() {
     assert!(
         error
             .to_string()
-            .contains("1 policy names for a limiter of 2 quotas"),
+            .contains("1 policy name for a limiter of 2 quotas"),
         "{error}"
     );
 }

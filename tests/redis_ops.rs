@@ -155,11 +155,20 @@ async fn bad_input_is_a_typed_error() -> TestResult {
     assert_eq!(redis.peek_n("k", 0).await, Err(CostError::Zero.into()));
     assert_eq!(
         redis.refund("k", 11).await,
-        Err(CostError::ExceedsCapacity {
-            cost: 11,
+        Err(CostError::RefundAboveCapacity {
+            refund: 11,
             capacity: 10
         }
         .into())
+    );
+    let one = RedisLimiter::builder("10/s".parse()?)
+        .lease(1)
+        .build()
+        .await
+        .expect_err("a lease of 1");
+    assert_eq!(
+        one.to_string(),
+        "invalid Redis limiter setting: a lease of 1 token: it must be 2 to the burst (10)"
     );
     assert_eq!(redis.reset("").await, Err(RedisLimitError::EmptyKey));
     let multi = redis.multi("10/s; 5/min".parse()?)?;
@@ -172,6 +181,10 @@ async fn bad_input_is_a_typed_error() -> TestResult {
         .into())
     );
     assert_eq!(multi.refund("", 1).await, Err(RedisLimitError::EmptyKey));
+    assert_eq!(
+        multi.refund("k", 0).await,
+        Err(CostError::ZeroRefund.into())
+    );
     assert!(
         redis.multi("2000000/s".parse()?).is_err(),
         "finer than a microsecond"

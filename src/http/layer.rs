@@ -62,7 +62,11 @@ pub enum LayerError {
     },
     /// [`policy_names`](RateLimitLayerBuilder::policy_names) gave a name
     /// count that is not the limiter's quota count.
-    #[error("{given} policy names for a limiter of {quotas} quotas: give one name per quota")]
+    #[error(
+        "{} for a limiter of {}: give one name per quota",
+        crate::error::plural(*given, "policy name"),
+        crate::error::plural(*quotas, "quota")
+    )]
     PolicyNameCount {
         /// Names given.
         given: usize,

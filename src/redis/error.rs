@@ -125,6 +125,17 @@ pub enum RedisCallError {
     BadReply(String),
 }
 
+impl RedisLimitError {
+    /// The same error about a refund: a cost error says so in a refund's
+    /// words ([`CostError::for_refund`]).
+    pub(crate) fn for_refund(self) -> Self {
+        match self {
+            RedisLimitError::Cost(cost) => RedisLimitError::Cost(cost.for_refund()),
+            other => other,
+        }
+    }
+}
+
 impl RedisCallError {
     /// The redis crate reports its own response timeouts as errors.
     /// A refused connection is told apart: it is the one failure that

@@ -414,7 +414,8 @@ impl RedisLimiterBuilder {
             Some((k, ttl)) => {
                 if k < 2 || k > script.burst() {
                     return config(format!(
-                        "a lease of {k} tokens: it must be 2 to the burst ({})",
+                        "a lease of {}: it must be 2 to the burst ({})",
+                        crate::error::plural(k, "token"),
                         script.burst()
                     ));
                 }

@@ -108,7 +108,7 @@ impl RedisLimiter {
     /// ```
     pub async fn refund(&self, key: impl AsRef<[u8]>, n: u64) -> Result<bool, RedisLimitError> {
         let script = self.script();
-        script.gcra().check_cost(n)?;
+        script.gcra().check_cost(n).map_err(CostError::for_refund)?;
         let keys = [self.checked_key(key.as_ref())?];
         let outcome = self
             .run(Op::Refund, &keys, std::slice::from_ref(&*script), n)
@@ -389,7 +389,8 @@ impl RedisMulti {
     /// took some back; [`RedisLimitError::Unavailable`] if Redis did not
     /// answer.
     pub async fn refund(&self, key: impl AsRef<[u8]>, n: u64) -> Result<bool, RedisLimitError> {
-        Ok(self.operate(Op::Refund, key.as_ref(), n).await?.flag == 1)
+        let refunded = self.operate(Op::Refund, key.as_ref(), n).await;
+        Ok(refunded.map_err(RedisLimitError::for_refund)?.flag == 1)
     }
 
     /// Forgets `key` in every limit. Returns whether any bucket existed;
