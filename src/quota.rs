@@ -81,7 +81,7 @@ const NANOS_PER_SEC: u64 = 1_000_000_000;
 /// on Redis agrees on it whenever each gateway makes the change. A check
 /// reads its quota once: it is decided wholly at the old quota or wholly
 /// at the new one.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Quota {
     count: NonZeroU64,
     period: NonZeroU64,
@@ -209,6 +209,19 @@ impl Quota {
     /// theoretical arrival time may run. Always fits (checked at construction).
     pub(crate) fn tolerance_nanos(&self) -> u64 {
         self.burst.get() * self.interval.get()
+    }
+}
+
+/// The parts as durations (`period: 60s, interval: 1.2s`), not the
+/// nanoseconds they are stored in.
+impl fmt::Debug for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Quota")
+            .field("count", &self.count)
+            .field("period", &self.period())
+            .field("burst", &self.burst)
+            .field("interval", &self.emission_interval())
+            .finish()
     }
 }
 
@@ -399,6 +412,19 @@ mod tests {
         assert_eq!(
             q("1/0.0000000001s").unwrap().period(),
             Duration::from_nanos(1)
+        );
+    }
+
+    /// Issue 37, item 7: durations, not raw nanoseconds.
+    #[test]
+    fn debug_shows_durations() {
+        assert_eq!(
+            format!("{:?}", q("50/min").unwrap()),
+            "Quota { count: 50, period: 60s, burst: 50, interval: 1.2s }"
+        );
+        assert_eq!(
+            format!("{:?}", q("3/s burst 6").unwrap()),
+            "Quota { count: 3, period: 1s, burst: 6, interval: 333.333334ms }"
         );
     }
 
