@@ -95,9 +95,35 @@ fn axis_top(max: f64) -> f64 {
     (max / step).ceil() * step
 }
 
-/// The frame every figure shares: title, legend, y grid with labels,
-/// and the x labels under evenly spaced slots.
-fn frame(out: &mut String, title: &str, y_label: &str, top: f64, x: &[String], series: &[Series]) {
+/// Where a chart draws: the y axis's top value, the plot's height and
+/// the width of one x slot.
+struct Plot {
+    top: f64,
+    height: f64,
+    slot: f64,
+}
+
+impl Plot {
+    /// The height in pixels of `value`.
+    fn scaled(&self, value: f64) -> f64 {
+        self.height * value / self.top
+    }
+
+    /// The y pixel of `value`.
+    fn y(&self, value: f64) -> f64 {
+        TOP + self.height - self.scaled(value)
+    }
+}
+
+/// The frame every figure shares (title, legend, y grid with labels, x
+/// labels under evenly spaced slots), and where the chart draws in it.
+fn frame(title: &str, y_label: &str, x: &[String], series: &[Series]) -> (String, Plot) {
+    let max = series
+        .iter()
+        .flat_map(|s| &s.values)
+        .fold(0.0f64, |a, &b| a.max(b));
+    let top = axis_top(max);
+    let mut out = String::new();
     let (plot_w, plot_h) = (WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM);
     let _ = writeln!(
         out,
@@ -146,27 +172,25 @@ fn frame(out: &mut String, title: &str, y_label: &str, top: f64, x: &[String], s
             s.name
         );
     }
+    let plot = Plot {
+        top,
+        height: plot_h,
+        slot,
+    };
+    (out, plot)
 }
 
 /// Lines over evenly spaced x slots.
 fn line_chart(title: &str, y_label: &str, x: &[String], series: &[Series]) -> String {
-    let max = series
-        .iter()
-        .flat_map(|s| &s.values)
-        .fold(0.0f64, |a, &b| a.max(b));
-    let top = axis_top(max);
-    let mut out = String::new();
-    frame(&mut out, title, y_label, top, x, series);
-    let (plot_w, plot_h) = (WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM);
-    let slot = plot_w / x.len() as f64;
+    let (mut out, plot) = frame(title, y_label, x, series);
     for s in series {
         let points: Vec<String> = s
             .values
             .iter()
             .enumerate()
             .map(|(i, v)| {
-                let px = LEFT + slot * (i as f64 + 0.5);
-                let py = TOP + plot_h - plot_h * v / top;
+                let px = LEFT + plot.slot * (i as f64 + 0.5);
+                let py = plot.y(*v);
                 format!("{px:.1},{py:.1}")
             })
             .collect();
@@ -191,28 +215,20 @@ fn line_chart(title: &str, y_label: &str, x: &[String], series: &[Series]) -> St
 
 /// Bars grouped by x slot, one bar per series, each labelled with its value.
 fn bar_chart(title: &str, y_label: &str, x: &[String], series: &[Series]) -> String {
-    let max = series
-        .iter()
-        .flat_map(|s| &s.values)
-        .fold(0.0f64, |a, &b| a.max(b));
-    let top = axis_top(max);
-    let mut out = String::new();
-    frame(&mut out, title, y_label, top, x, series);
-    let (plot_w, plot_h) = (WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM);
-    let slot = plot_w / x.len() as f64;
-    let bar = slot * 0.8 / series.len() as f64;
+    let (mut out, plot) = frame(title, y_label, x, series);
+    let bar = plot.slot * 0.8 / series.len() as f64;
     for (j, s) in series.iter().enumerate() {
         for (i, v) in s.values.iter().enumerate() {
-            let bx = LEFT + slot * i as f64 + slot * 0.1 + bar * j as f64;
-            let h = plot_h * v / top;
+            let bx = LEFT + plot.slot * (i as f64 + 0.1) + bar * j as f64;
+            let h = plot.scaled(*v);
             let _ = writeln!(
                 out,
                 r#"<rect x="{bx:.1}" y="{:.1}" width="{:.1}" height="{h:.1}" fill="{}"/><text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="9">{v}</text>"#,
-                TOP + plot_h - h,
+                plot.y(*v),
                 bar - 1.0,
                 s.colour,
                 bx + bar / 2.0,
-                TOP + plot_h - h - 3.0
+                plot.y(*v) - 3.0
             );
         }
     }
