@@ -14,7 +14,7 @@ use axum::extract::ConnectInfo;
 use axum::routing::get;
 use axum::Router;
 use http::{HeaderName, StatusCode};
-use turnstile_rl::http::{ClientIp, KeyExtractor, RateLimitLayer};
+use turnstile_rl::http::{ClientIp, CostExtractor, KeyExtractor, RateLimitLayer};
 use turnstile_rl::redis::{FailurePolicy, RedisLimiter, RedisMulti, TimeSource};
 use turnstile_rl::{KeyedLimiter, ManualClock, Quota};
 
@@ -443,4 +443,58 @@ async fn a_redis_multi_limit_changed_while_serving_shows_on_the_next_response() 
         header(&response, "ratelimit"),
         Some("\"search-0\";r=0;t=60")
     );
+}
+
+/// A cost the fleet's quota can meet but the local fallback's cannot is
+/// denied as fail closed denies, and described as fail closed is: the
+/// fleet's policy, no `RateLimit` (no local bucket decided it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cost_above_the_local_burst_is_described_as_fail_closed() {
+    let mut redis = RedisServer::start().expect("redis-server");
+    let local = KeyedLimiter::new("2/min".parse().expect("quota"));
+    let limiter = RedisLimiter::builder("10/min".parse().expect("quota"))
+        .url(redis.url())
+        .timeout(Duration::from_millis(200))
+        .failure_policy(FailurePolicy::Local(local))
+        .build()
+        .await
+        .expect("limiter");
+    let layer = RateLimitLayer::builder(Arc::new(limiter))
+        .name("fleet")
+        .key(api_key())
+        .cost(CostExtractor::header(HeaderName::from_static("x-cost")))
+        .build()
+        .expect("layer");
+    let url = serve(Router::new().route("/", get(|| async { "hello" }).layer(layer))).await;
+    redis.kill();
+    let send = |cost: &'static str| {
+        let url = url.clone();
+        async move {
+            reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .expect("client")
+                .get(url)
+                .header("x-api-key", "k")
+                .header("x-cost", cost)
+                .send()
+                .await
+                .expect("send")
+        }
+    };
+    let big = send("5").await;
+    assert_eq!(big.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&big, "ratelimit-policy"),
+        Some("\"fleet\";q=10;w=60")
+    );
+    assert_eq!(header(&big, "ratelimit"), None);
+    // A cost the local bucket holds is the local limit's, in every field.
+    let small = send("1").await;
+    assert_eq!(small.status(), StatusCode::OK);
+    assert_eq!(
+        header(&small, "ratelimit-policy"),
+        Some("\"fleet\";q=2;w=60")
+    );
+    assert_eq!(header(&small, "ratelimit"), Some("\"fleet\";r=1;t=30"));
 }

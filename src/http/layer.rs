@@ -172,10 +172,14 @@ impl<L: Limiter> Shared<L> {
     /// A fallback decision made by a local limiter is described by that
     /// limiter's quota and bucket, not the store's it stands in for.
     fn write_headers(&self, decision: &Decision, binding: usize, headers: &mut http::HeaderMap) {
+        // A local limiter's decision carries its burst as the limit; a
+        // cost above that burst is denied by the store's closed rule, with
+        // the store's burst, and describes no local bucket.
         let local = decision
             .is_fallback()
             .then(|| self.limiter.fallback_quota())
-            .flatten();
+            .flatten()
+            .filter(|quota| quota.burst_size() == decision.limit());
         if let Some(quota) = local {
             let policy = self.headers.fallback_policy(binding, quota);
             self.headers
