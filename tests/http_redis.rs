@@ -26,6 +26,16 @@ use turnstile_test_kit::redis_server;
 /// A gateway: one route behind the layer, keyed by `x-api-key`, on its own
 /// `RedisLimiter`. Returns its base URL.
 async fn gateway(redis: &RedisServer, quota: &str, policy: FailurePolicy) -> String {
+    weighted_gateway(redis, quota, policy, None).await
+}
+
+/// [`gateway`], with each request's cost read by `cost` when given.
+async fn weighted_gateway(
+    redis: &RedisServer,
+    quota: &str,
+    policy: FailurePolicy,
+    cost: Option<CostExtractor>,
+) -> String {
     let quota: Quota = quota.parse().expect("quota");
     let limiter = RedisLimiter::builder(quota)
         .url(redis.url())
@@ -34,11 +44,13 @@ async fn gateway(redis: &RedisServer, quota: &str, policy: FailurePolicy) -> Str
         .build()
         .await
         .expect("limiter");
-    let layer = RateLimitLayer::builder(Arc::new(limiter))
+    let mut layer = RateLimitLayer::builder(Arc::new(limiter))
         .name("fleet")
-        .key(api_key())
-        .build()
-        .expect("layer");
+        .key(api_key());
+    if let Some(cost) = cost {
+        layer = layer.cost(cost);
+    }
+    let layer = layer.build().expect("layer");
     serve(Router::new().route("/", get(|| async { "hello" }).layer(layer))).await
 }
 
@@ -452,20 +464,9 @@ async fn a_redis_multi_limit_changed_while_serving_shows_on_the_next_response() 
 async fn a_cost_above_the_local_burst_is_described_as_fail_closed() {
     let mut redis = RedisServer::start().expect("redis-server");
     let local = KeyedLimiter::new("2/min".parse().expect("quota"));
-    let limiter = RedisLimiter::builder("10/min".parse().expect("quota"))
-        .url(redis.url())
-        .timeout(Duration::from_millis(200))
-        .failure_policy(FailurePolicy::Local(local))
-        .build()
-        .await
-        .expect("limiter");
-    let layer = RateLimitLayer::builder(Arc::new(limiter))
-        .name("fleet")
-        .key(api_key())
-        .cost(CostExtractor::header(HeaderName::from_static("x-cost")))
-        .build()
-        .expect("layer");
-    let url = serve(Router::new().route("/", get(|| async { "hello" }).layer(layer))).await;
+    let cost = CostExtractor::header(HeaderName::from_static("x-cost"));
+    let policy = FailurePolicy::Local(local);
+    let url = weighted_gateway(&redis, "10/min", policy, Some(cost)).await;
     redis.kill();
     let send = |cost: &'static str| {
         let url = url.clone();
