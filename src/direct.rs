@@ -342,7 +342,7 @@ impl<C: Clock> DirectLimiter<C, Gcra> {
     /// ```
     pub fn refund(&self, n: u64) -> Result<bool, CostError> {
         let algorithm = &self.algorithm.load();
-        algorithm.check_cost(n)?;
+        algorithm.check_cost(n).map_err(CostError::for_refund)?;
         let now = self.clock.now();
         Ok(matches!(
             self.cell.modify(|tat| algorithm.refunded(tat, now, n)),

@@ -2,6 +2,35 @@
 
 use std::time::Duration;
 
+/// Every unit spelling the quota grammar accepts, for its errors (the
+/// grammar itself is in the docs of `crate::quota`).
+const UNITS: &str = "ns; us, µs; ms; s, sec, secs, second, seconds; m, min, mins, minute, minutes; h, hr, hrs, hour, hours; d, day, days";
+
+/// `n thing` or `n things`.
+pub(crate) fn plural<N>(n: N, thing: &str) -> String
+where
+    N: std::fmt::Display + PartialEq + From<u8>,
+{
+    if n == N::from(1) {
+        format!("1 {thing}")
+    } else {
+        format!("{n} {thing}s")
+    }
+}
+
+/// The message of a quota of a list that is wrong: its place and text,
+/// and the problem, without saying the text twice.
+fn in_list(index: usize, text: &str, source: &QuotaError) -> String {
+    let n = index + 1;
+    match source {
+        QuotaError::Syntax { reason, .. } => {
+            format!("quota {n} of the list, {text:?}, is not a quota: {reason}")
+        }
+        QuotaError::Empty => format!("quota {n} of the list is empty: {source}"),
+        other => format!("quota {n} of the list, {text:?}: {other}"),
+    }
+}
+
 /// A quota that cannot be built or parsed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -10,7 +39,7 @@ pub enum QuotaError {
     #[error("empty quota: expected COUNT/PERIOD, for example \"100/min\"")]
     Empty,
     /// The text does not follow the grammar.
-    #[error("cannot parse quota {text:?}: {reason}")]
+    #[error("{text:?} is not a quota: {reason}")]
     Syntax {
         /// The text given.
         text: String,
@@ -26,12 +55,10 @@ pub enum QuotaError {
         text: String,
     },
     /// The period has no unit.
-    #[error(
-        "the period has no unit: write one of ns, us, ms, s, min, h, d (for example \"100/min\")"
-    )]
+    #[error("the period has no unit: write one (for example \"100/min\"); the units are {UNITS}")]
     MissingUnit,
     /// The period's unit is not one we know.
-    #[error("unknown time unit {unit:?}: expected one of ns, us, ms, s, min, h, d")]
+    #[error("unknown time unit {unit:?}: the units are {UNITS}")]
     UnknownUnit {
         /// The unit given.
         unit: String,
@@ -46,10 +73,11 @@ pub enum QuotaError {
     #[error("the burst must be at least 1 (a bucket of 0 tokens admits nothing)")]
     ZeroBurst,
     /// The period does not fit in a u64 of nanoseconds.
-    #[error("the period {period:?} is longer than u64 nanoseconds allow (about 584 years)")]
+    #[error("the period {period} is longer than a quota can hold: at most about 584 years (2^64 - 1 ns)")]
     PeriodTooLong {
-        /// The period given (`Duration::MAX` when it came from text too large to hold).
-        period: Duration,
+        /// The period given: as written for a parsed quota (`1000000d`),
+        /// else in whole seconds (`18446744073709551615s`).
+        period: String,
     },
     /// More than one request per nanosecond: finer than the clock.
     #[error("{count} requests per {period:?} is more than one per nanosecond, finer than the clock measures")]
@@ -88,6 +116,10 @@ pub enum CostError {
     /// silently allowed, since it is almost always a caller's bug.
     #[error("a cost of 0 tokens is not a request")]
     Zero,
+    /// A refund of zero tokens gives nothing back; refused, as a cost of
+    /// zero is, since it is almost always a caller's bug.
+    #[error("a refund of 0 tokens gives nothing back")]
+    ZeroRefund,
     /// The cost is larger than the limiter's capacity, the most it ever
     /// admits at once: a GCRA bucket's burst, a window's or a log's limit,
     /// and for several limits the smallest of theirs.
@@ -101,6 +133,45 @@ pub enum CostError {
         /// The limiter's capacity: the most it ever admits at once.
         capacity: u64,
     },
+    /// A refund larger than the limiter's capacity: more than any check
+    /// could have taken.
+    #[error(
+        "a refund of {refund} tokens is more than any check took: at most {capacity} \
+         are taken at once (the limiter's capacity)"
+    )]
+    RefundAboveCapacity {
+        /// The tokens to give back.
+        refund: u64,
+        /// The limiter's capacity: the most one check takes.
+        capacity: u64,
+    },
+}
+
+impl CostError {
+    /// The same error about a refund of `n` tokens rather than a cost:
+    /// refunds check their size by the cost rule, and say so in their own
+    /// words.
+    pub(crate) fn for_refund(self) -> CostError {
+        match self {
+            CostError::Zero => CostError::ZeroRefund,
+            CostError::ExceedsCapacity { cost, capacity } => CostError::RefundAboveCapacity {
+                refund: cost,
+                capacity,
+            },
+            other => other,
+        }
+    }
+
+    /// A cost of `cost` against a limiter that admits at most `capacity`
+    /// at once: `Ok`, or why no wait can meet it.
+    #[inline]
+    pub(crate) fn check(cost: u64, capacity: u64) -> Result<(), CostError> {
+        match cost {
+            0 => Err(CostError::Zero),
+            cost if cost > capacity => Err(CostError::ExceedsCapacity { cost, capacity }),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// A list of quotas (`"10/s burst 20; 1000/h"`) that cannot be built or
@@ -112,7 +183,7 @@ pub enum QuotasError {
     #[error("empty quota list: expected QUOTA[; QUOTA...], for example \"10/s burst 20; 1000/h\"")]
     Empty,
     /// More limits than one check combines.
-    #[error("{count} quotas given, at most {max} combine in one check")]
+    #[error("{} given, at most {max} combine in one check", plural(*count, "quota"))]
     TooMany {
         /// How many were given.
         count: usize,
@@ -122,7 +193,11 @@ pub enum QuotasError {
     /// A running multi-limiter's quotas were changed to a list of another
     /// length: each limit keeps its buckets, so the number of limits is
     /// fixed when the limiter is built.
-    #[error("{given} quotas given for a limiter of {limits} limits: change each limit's quota, in order, or build a new limiter")]
+    #[error(
+        "{} given for a limiter of {}: change each limit's quota, in order, or build a new limiter",
+        plural(*given, "quota"),
+        plural(*limits, "limit")
+    )]
     CountChanged {
         /// How many limits the limiter has.
         limits: usize,
@@ -130,7 +205,7 @@ pub enum QuotasError {
         given: usize,
     },
     /// One quota of the list is wrong.
-    #[error("quota {} of the list ({text:?}): {source}", index + 1)]
+    #[error("{}", in_list(*index, text, source))]
     Quota {
         /// Its position in the list, from 0.
         index: usize,
@@ -183,5 +258,123 @@ impl BatchError {
             check_cost(cost).map_err(|source| BatchError::Cost { index, source })?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{KeyedLimiter, Quota, Quotas};
+
+    fn quota_error(text: &str) -> String {
+        text.parse::<Quota>().expect_err(text).to_string()
+    }
+
+    fn quotas_error(text: &str) -> String {
+        text.parse::<Quotas>().expect_err(text).to_string()
+    }
+
+    /// Issue 37, item 6: each message the issue quoted, as it reads now.
+    #[test]
+    fn errors_read_as_plain_sentences() {
+        assert_eq!(
+            quota_error("1/1000000d"),
+            "the period 1000000d is longer than a quota can hold: \
+             at most about 584 years (2^64 - 1 ns)"
+        );
+        assert_eq!(
+            Quota::new(1, Duration::from_secs(u64::MAX))
+                .unwrap_err()
+                .to_string(),
+            "the period 18446744073709551615s is longer than a quota can hold: \
+             at most about 584 years (2^64 - 1 ns)"
+        );
+        assert_eq!(
+            quotas_error("10/s; bogus"),
+            "quota 2 of the list, \"bogus\", is not a quota: \
+             expected COUNT/PERIOD, for example \"100/min\""
+        );
+        assert_eq!(
+            quota_error(" bogus "),
+            "\"bogus\" is not a quota: expected COUNT/PERIOD, for example \"100/min\""
+        );
+        assert_eq!(
+            quotas_error("10/s; 0/min"),
+            "quota 2 of the list, \"0/min\": a quota must allow at least one request \
+             per period (count is 0)"
+        );
+        assert_eq!(
+            QuotasError::CountChanged {
+                limits: 2,
+                given: 1
+            }
+            .to_string(),
+            "1 quota given for a limiter of 2 limits: change each limit's quota, in order, \
+             or build a new limiter"
+        );
+        assert_eq!(
+            QuotasError::CountChanged {
+                limits: 1,
+                given: 3
+            }
+            .to_string(),
+            "3 quotas given for a limiter of 1 limit: change each limit's quota, in order, \
+             or build a new limiter"
+        );
+        // A refund too large is about a refund, not a cost never met.
+        let limiter = KeyedLimiter::<u64>::new("10/min".parse().unwrap());
+        assert_eq!(
+            limiter.refund(&1, 500).unwrap_err().to_string(),
+            "a refund of 500 tokens is more than any check took: at most 10 are taken \
+             at once (the limiter's capacity)"
+        );
+        assert_eq!(
+            limiter.refund(&1, 0).unwrap_err().to_string(),
+            "a refund of 0 tokens gives nothing back"
+        );
+        assert_eq!(
+            limiter.check_n(&1, 500).unwrap_err().to_string(),
+            "a cost of 500 tokens can never be met: at most 10 pass at once \
+             (the limiter's capacity: a bucket's burst, a window's limit)"
+        );
+        assert_eq!(plural(1u64, "token"), "1 token");
+        assert_eq!(plural(2usize, "token"), "2 tokens");
+    }
+
+    /// The unit errors list every spelling the grammar accepts, and every
+    /// spelling they list parses: the message and the grammar cannot drift.
+    #[test]
+    fn unit_errors_list_every_accepted_spelling() {
+        let listed: Vec<&str> = UNITS.split([';', ',']).map(str::trim).collect();
+        assert_eq!(listed.len(), 22, "{listed:?}");
+        for unit in &listed {
+            let one: Quota = format!("1/{unit}")
+                .parse()
+                .unwrap_or_else(|e| panic!("{unit}: {e}"));
+            assert!(one.period() > Duration::ZERO);
+        }
+        let unknown = quota_error("10/fortnight");
+        assert!(
+            unknown.starts_with("unknown time unit \"fortnight\": the units are ns; us, µs; ms;"),
+            "{unknown}"
+        );
+        assert!(unknown.ends_with("d, day, days"), "{unknown}");
+        assert!(quota_error("10/5").contains(UNITS));
+        // Spellings users wrote, spaces included; "m" is a minute (as in Go
+        // durations, humantime and nginx), beside "ms".
+        for (text, period) in [
+            ("10/sec", 1),
+            ("10/minute", 60),
+            ("10/m", 60),
+            ("5 / min", 60),
+            ("10/2 hours", 7_200),
+        ] {
+            let quota: Quota = text.parse().unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(quota.period(), Duration::from_secs(period), "{text}");
+        }
+        assert_eq!(
+            "10/ms".parse::<Quota>().unwrap().period(),
+            Duration::from_millis(1)
+        );
     }
 }

@@ -25,7 +25,7 @@
 //! writes the canonical form, which parses back to the same quota.
 
 use std::fmt;
-use std::num::NonZeroU64;
+use std::num::{NonZeroU32, NonZeroU64};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -81,7 +81,7 @@ const NANOS_PER_SEC: u64 = 1_000_000_000;
 /// on Redis agrees on it whenever each gateway makes the change. A check
 /// reads its quota once: it is decided wholly at the old quota or wholly
 /// at the new one.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Quota {
     count: NonZeroU64,
     period: NonZeroU64,
@@ -95,10 +95,13 @@ impl Quota {
     /// `count` requests per `period`, burst `count`.
     pub fn new(count: u64, period: Duration) -> Result<Quota, QuotaError> {
         let count = NonZeroU64::new(count).ok_or(QuotaError::ZeroCount)?;
-        let period_nanos: u64 = period
-            .as_nanos()
-            .try_into()
-            .map_err(|_| QuotaError::PeriodTooLong { period })?;
+        let period_nanos: u64 =
+            period
+                .as_nanos()
+                .try_into()
+                .map_err(|_| QuotaError::PeriodTooLong {
+                    period: format!("{period:?}"),
+                })?;
         let period = NonZeroU64::new(period_nanos).ok_or(QuotaError::ZeroPeriod)?;
         Self::from_parts(count, period, count)
     }
@@ -127,6 +130,92 @@ impl Quota {
     pub fn burst(self, burst: u64) -> Result<Quota, QuotaError> {
         let burst = NonZeroU64::new(burst).ok_or(QuotaError::ZeroBurst)?;
         Self::from_parts(self.count, self.period, burst)
+    }
+
+    /// `n` requests per second, burst `n`, as a `const fn` on a non-zero
+    /// count, so a quota can be a `const` or a `static`. Infallible: a
+    /// count above 1,000,000,000 a second (one per nanosecond, the clock's
+    /// resolution) is held at that.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use turnstile_rl::{DirectLimiter, Quota};
+    ///
+    /// const LOGIN: Quota = Quota::const_per_minute(NonZeroU32::new(5).unwrap());
+    /// static API: Quota = Quota::const_per_second(NonZeroU32::new(10).unwrap())
+    ///     .const_burst(NonZeroU32::new(20).unwrap())
+    ///     .unwrap(); // None only if burst x interval overflows: a compile error here
+    ///
+    /// assert_eq!(LOGIN, "5/min".parse()?);
+    /// assert_eq!(API, "10/s burst 20".parse()?);
+    /// let limiter = DirectLimiter::new(API);
+    /// assert!(limiter.check().is_allowed());
+    /// # Ok::<(), turnstile_rl::QuotaError>(())
+    /// ```
+    pub const fn const_per_second(n: NonZeroU32) -> Quota {
+        Self::of_rate(n, NANOS_PER_SEC)
+    }
+
+    /// `n` requests per minute, burst `n`: [`const_per_second`](Quota::const_per_second)'s
+    /// minute.
+    pub const fn const_per_minute(n: NonZeroU32) -> Quota {
+        Self::of_rate(n, 60 * NANOS_PER_SEC)
+    }
+
+    /// `n` requests per hour, burst `n`: [`const_per_second`](Quota::const_per_second)'s
+    /// hour.
+    pub const fn const_per_hour(n: NonZeroU32) -> Quota {
+        Self::of_rate(n, 3_600 * NANOS_PER_SEC)
+    }
+
+    /// `n` requests per day, burst `n`: [`const_per_second`](Quota::const_per_second)'s
+    /// day.
+    pub const fn const_per_day(n: NonZeroU32) -> Quota {
+        Self::of_rate(n, 86_400 * NANOS_PER_SEC)
+    }
+
+    /// The same rate with a burst of `burst`, as a `const fn`: `None` when
+    /// `burst` emission intervals overflow u64 nanoseconds (about 584
+    /// years; a `const` that unwraps it then fails to compile). Beside
+    /// [`burst`](Quota::burst), which says why in a [`QuotaError`].
+    pub const fn const_burst(self, burst: NonZeroU32) -> Option<Quota> {
+        let burst = burst.get() as u64;
+        match (
+            self.interval.get().checked_mul(burst),
+            NonZeroU64::new(burst),
+        ) {
+            (Some(_), Some(burst)) => Some(Quota { burst, ..self }),
+            _ => None,
+        }
+    }
+
+    /// `n` per `period` nanoseconds (a whole unit, at least a second),
+    /// burst `n`, holding `n` at one per nanosecond.
+    const fn of_rate(n: NonZeroU32, period: u64) -> Quota {
+        let n = n.get() as u64;
+        let count = if n < period { n } else { period };
+        // count >= 1 and period >= count, so each is non-zero and the
+        // interval ceil(period / count) is at least 1; burst (= count) times
+        // the interval is below period + count, which fits.
+        let one = NonZeroU64::MIN;
+        let count = match NonZeroU64::new(count) {
+            Some(count) => count,
+            None => one,
+        };
+        let period = match NonZeroU64::new(period) {
+            Some(period) => period,
+            None => one,
+        };
+        let interval = match NonZeroU64::new(period.get().div_ceil(count.get())) {
+            Some(interval) => interval,
+            None => one,
+        };
+        Quota {
+            count,
+            period,
+            burst: count,
+            interval,
+        }
     }
 
     /// The quota of a bucket of `burst` tokens that refills one token per
@@ -209,6 +298,19 @@ impl Quota {
     }
 }
 
+/// The parts as durations (`period: 60s, interval: 1.2s`), not the
+/// nanoseconds they are stored in.
+impl fmt::Debug for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Quota")
+            .field("count", &self.count)
+            .field("period", &self.period())
+            .field("burst", &self.burst)
+            .field("interval", &self.emission_interval())
+            .finish()
+    }
+}
+
 impl fmt::Display for Quota {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/", self.count)?;
@@ -253,8 +355,8 @@ impl FromStr for Quota {
             return Err(QuotaError::Empty);
         }
         let (count, rest) = trimmed.split_once('/').ok_or_else(|| QuotaError::Syntax {
-            text: text.to_owned(),
-            reason: "expected COUNT/PERIOD, for example 100/min",
+            text: trimmed.to_owned(),
+            reason: "expected COUNT/PERIOD, for example \"100/min\"",
         })?;
         let count = parse_count(count.trim(), "count")?;
         let rest = rest.trim();
@@ -318,7 +420,7 @@ fn parse_period(text: &str) -> Result<Duration, QuotaError> {
     };
     let (whole, fraction) = (digits(whole)?, digits(fraction)?);
     let too_long = QuotaError::PeriodTooLong {
-        period: Duration::MAX,
+        period: text.to_owned(),
     };
     let numerator = whole
         .checked_mul(scale)
@@ -396,6 +498,45 @@ mod tests {
         assert_eq!(
             q("1/0.0000000001s").unwrap().period(),
             Duration::from_nanos(1)
+        );
+    }
+
+    /// Issue 37, item 8: the const constructors build the quota the
+    /// fallible ones and the parser do, and hold a count above one per
+    /// nanosecond at that.
+    #[test]
+    fn const_constructors_match_the_parser() {
+        let nz = |n| NonZeroU32::new(n).unwrap();
+        for (quota, text) in [
+            (Quota::const_per_second(nz(3)), "3/s"),
+            (Quota::const_per_minute(nz(100)), "100/min"),
+            (Quota::const_per_hour(nz(1)), "1/h"),
+            (Quota::const_per_day(nz(u32::MAX)), "4294967295/d"),
+            (Quota::const_per_second(nz(u32::MAX)), "1000000000/s"),
+            (
+                Quota::const_per_second(nz(10)).const_burst(nz(20)).unwrap(),
+                "10/s burst 20",
+            ),
+        ] {
+            assert_eq!(quota, q(text).unwrap(), "{text}");
+            assert_eq!(quota.to_string(), text);
+        }
+        // 1/day's interval is 86,400 s: a burst of u32::MAX of those
+        // overflows u64 nanoseconds.
+        assert_eq!(Quota::const_per_day(nz(1)).const_burst(nz(u32::MAX)), None);
+        assert!(q("1/d").unwrap().burst(u64::from(u32::MAX)).is_err());
+    }
+
+    /// Issue 37, item 7: durations, not raw nanoseconds.
+    #[test]
+    fn debug_shows_durations() {
+        assert_eq!(
+            format!("{:?}", q("50/min").unwrap()),
+            "Quota { count: 50, period: 60s, burst: 50, interval: 1.2s }"
+        );
+        assert_eq!(
+            format!("{:?}", q("3/s burst 6").unwrap()),
+            "Quota { count: 3, period: 1s, burst: 6, interval: 333.333334ms }"
         );
     }
 

@@ -135,14 +135,8 @@ impl<C: Clock> SlidingLog<C> {
     /// Decides one request of cost `n`: `n` requests pass together or not
     /// at all. An error, not a denial, when `n` is 0 or above the limit.
     pub fn check_n(&self, n: u64) -> Result<Decision, CostError> {
-        match n {
-            0 => Err(CostError::Zero),
-            n if n > self.limit => Err(CostError::ExceedsCapacity {
-                cost: n,
-                capacity: self.limit,
-            }),
-            n => Ok(self.decide(n)),
-        }
+        CostError::check(n, self.limit)?;
+        Ok(self.decide(n))
     }
 
     /// The most requests admitted in any one period.

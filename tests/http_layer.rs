@@ -12,9 +12,10 @@ use axum::routing::get;
 use axum::Router;
 use reqwest::header::HeaderValue;
 use turnstile_rl::http::{
-    ClientIp, HttpKey, KeyExtractor, LayerError, Limiter, OnBadKey, OnLimiterError, RateLimitLayer,
+    ClientIp, CostExtractor, HttpKey, KeyExtractor, LayerError, Limiter, OnBadKey, OnLimiterError,
+    RateLimitLayer,
 };
-use turnstile_rl::{KeyedLimiter, KeyedMultiLimiter, ManualClock, MultiDecision, Quota};
+use turnstile_rl::{CostError, KeyedLimiter, KeyedMultiLimiter, ManualClock, MultiDecision, Quota};
 
 use http_server::serve;
 use turnstile_test_kit::http_server;
@@ -397,6 +398,10 @@ impl Limiter for Down {
 
     fn check(&self, _key: &HttpKey) -> Self::Future {
         ready(Err(StoreDown))
+    }
+
+    fn check_n(&self, key: &HttpKey, _cost: u64) -> Result<Self::Future, CostError> {
+        Ok(self.check(key))
     }
 
     fn quota(&self) -> Quota {
@@ -963,7 +968,7 @@ fn policy_names_must_match_the_quotas() {
     assert!(
         error
             .to_string()
-            .contains("1 policy names for a limiter of 2 quotas"),
+            .contains("1 policy name for a limiter of 2 quotas"),
         "{error}"
     );
 }
@@ -1276,4 +1281,142 @@ async fn a_quota_changed_while_serving_shows_on_the_next_response() {
     for url in urls {
         assert_eq!(get_with(url, k1).await.status(), StatusCode::OK, "{url}");
     }
+}
+
+/// Issue 37, item 1: a request's cost, read by a `CostExtractor`, is
+/// charged to every limit of the layer, all or nothing, and `RateLimit`
+/// counts what is left after it. A cost above a limit's capacity is a 413
+/// naming that limit, without `Retry-After`; a cost of 0 or one that cannot
+/// be read is a 400.
+#[tokio::test]
+async fn weighted_requests_charge_their_cost_to_every_limit() {
+    let clock = ManualClock::new();
+    // Capacities 20 and 15: the second limit is the smaller.
+    let limiter =
+        KeyedMultiLimiter::<HttpKey, _>::builder("10/s burst 20; 15/min".parse().expect("quotas"))
+            .clock(clock.clone())
+            .build();
+    let layer = RateLimitLayer::builder(limiter)
+        .name("w")
+        .key(api_key())
+        .cost(CostExtractor::header(HeaderName::from_static("x-cost")))
+        .build()
+        .expect("layer");
+    let peek = {
+        let layer = layer.clone();
+        move |limit: usize| layer.limiter().limits()[limit].peek(&HttpKey::from("key:k1"))
+    };
+    let url = serve(one_route(layer)).await;
+    let policy = "\"w-0\";q=20;w=2, \"w-1\";q=15;w=60";
+    let costing = |cost: &'static [u8]| [("x-api-key", &b"k1"[..]), ("x-cost", cost)];
+
+    // Cost 4: 16 left of the first limit, 11 of the second (one token per
+    // 4 s, so full again in 16 s), which binds.
+    let response = get_with(&url, &costing(b"4")).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(header(&response, "ratelimit-policy"), Some(policy));
+    assert_eq!(header(&response, "ratelimit"), Some("\"w-1\";r=11;t=16"));
+    assert_eq!((peek(0).remaining(), peek(1).remaining()), (15, 10));
+
+    // Cost 12: the second limit has 11, so it denies, for the 4 s its
+    // twelfth token takes, and the first limit is not charged.
+    let denied = get_with(&url, &costing(b"12")).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&denied, "retry-after"), Some("4"));
+    assert_eq!(header(&denied, "ratelimit"), Some("\"w-1\";r=11;t=16"));
+    let body: serde_json::Value = denied.json().await.expect("json");
+    assert_eq!(body["policy"], "w-1");
+    assert_eq!((peek(0).remaining(), peek(1).remaining()), (15, 10));
+    // Waiting what Retry-After said admits it.
+    clock.advance(Duration::from_secs(4));
+    let admitted = get_with(&url, &costing(b"12")).await;
+    assert_eq!(admitted.status(), StatusCode::OK);
+    assert_eq!(header(&admitted, "ratelimit"), Some("\"w-1\";r=0;t=60"));
+
+    // Cost 16: above the second limit's capacity (15), so no wait could
+    // admit it: a 413 that names that limit, without Retry-After, and
+    // charging nothing.
+    let before = (peek(0), peek(1));
+    let too_costly = get_with(&url, &costing(b"16")).await;
+    assert_eq!(too_costly.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(header(&too_costly, "retry-after"), None);
+    assert_eq!(header(&too_costly, "ratelimit"), None);
+    assert_eq!(header(&too_costly, "ratelimit-policy"), Some(policy));
+    let (_, body) = problem(too_costly).await;
+    assert_eq!(
+        body,
+        serde_json::json!({
+            "type": "about:blank",
+            "title": "Payload Too Large",
+            "status": 413,
+            "detail": "a cost of 16 can never be met: policy \"w-1\" admits at most 15 at once",
+            "policy": "w-1",
+            "cost": 16,
+            "capacity": 15,
+        })
+    );
+    assert_eq!((peek(0), peek(1)), before, "a refused cost was charged");
+
+    // Costs that are not costs: 400, naming the problem.
+    for (headers, detail) in [
+        (&costing(b"0")[..], "a cost of 0 tokens is not a request"),
+        (
+            &costing(b"lots")[..],
+            "header \"x-cost\" is \"lots\", not a whole number of tokens",
+        ),
+        (
+            &[("x-api-key", &b"k1"[..])][..],
+            "missing header \"x-cost\": the request's cost",
+        ),
+    ] {
+        let (status, body) = problem(get_with(&url, headers).await).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(body["detail"], detail);
+    }
+
+    // A gRPC call above the capacity: RESOURCE_EXHAUSTED, and a negative
+    // pushback, which tells gRPC's retry policy never to retry it.
+    let mut grpc = costing(b"16").to_vec();
+    grpc.push(("content-type", b"application/grpc"));
+    let call = get_with(&url, &grpc).await;
+    assert_eq!(header(&call, "grpc-status"), Some("8"));
+    assert_eq!(header(&call, "grpc-retry-pushback-ms"), Some("-1"));
+    assert_eq!(header(&call, "retry-after"), None);
+}
+
+/// In shadow mode a cost above the capacity is let through, uncharged and
+/// without a `RateLimit` field (no bucket decided it); an extension cost
+/// set by an outer layer is read as the header one is.
+#[tokio::test]
+async fn shadow_mode_lets_a_cost_above_capacity_through_uncharged() {
+    #[derive(Clone)]
+    struct Items(u64);
+    let (limiter, _clock) = manual("5/min");
+    let layer = RateLimitLayer::builder(limiter)
+        .name("batch")
+        .key(api_key())
+        .cost(CostExtractor::extension(|items: &Items| items.0))
+        .shadow(true)
+        .build()
+        .expect("layer");
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }).layer(layer))
+        .layer(axum::middleware::from_fn(
+            |mut request: axum::extract::Request, next: axum::middleware::Next| async move {
+                let items = request
+                    .headers()
+                    .get("x-items")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(1);
+                request.extensions_mut().insert(Items(items));
+                next.run(request).await
+            },
+        ));
+    let url = serve(app).await;
+    let response = get_with(&url, &[("x-api-key", b"k"), ("x-items", b"6")]).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(header(&response, "ratelimit"), None);
+    let response = get_with(&url, &[("x-api-key", b"k"), ("x-items", b"3")]).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(header(&response, "ratelimit"), Some("\"batch\";r=2;t=36"));
 }

@@ -14,7 +14,7 @@ use axum::extract::ConnectInfo;
 use axum::routing::get;
 use axum::Router;
 use http::{HeaderName, StatusCode};
-use turnstile_rl::http::{ClientIp, KeyExtractor, RateLimitLayer};
+use turnstile_rl::http::{ClientIp, CostExtractor, KeyExtractor, RateLimitLayer};
 use turnstile_rl::redis::{FailurePolicy, RedisLimiter, RedisMulti, TimeSource};
 use turnstile_rl::{KeyedLimiter, ManualClock, Quota};
 
@@ -26,6 +26,16 @@ use turnstile_test_kit::redis_server;
 /// A gateway: one route behind the layer, keyed by `x-api-key`, on its own
 /// `RedisLimiter`. Returns its base URL.
 async fn gateway(redis: &RedisServer, quota: &str, policy: FailurePolicy) -> String {
+    weighted_gateway(redis, quota, policy, None).await
+}
+
+/// [`gateway`], with each request's cost read by `cost` when given.
+async fn weighted_gateway(
+    redis: &RedisServer,
+    quota: &str,
+    policy: FailurePolicy,
+    cost: Option<CostExtractor>,
+) -> String {
     let quota: Quota = quota.parse().expect("quota");
     let limiter = RedisLimiter::builder(quota)
         .url(redis.url())
@@ -34,11 +44,13 @@ async fn gateway(redis: &RedisServer, quota: &str, policy: FailurePolicy) -> Str
         .build()
         .await
         .expect("limiter");
-    let layer = RateLimitLayer::builder(Arc::new(limiter))
+    let mut layer = RateLimitLayer::builder(Arc::new(limiter))
         .name("fleet")
-        .key(api_key())
-        .build()
-        .expect("layer");
+        .key(api_key());
+    if let Some(cost) = cost {
+        layer = layer.cost(cost);
+    }
+    let layer = layer.build().expect("layer");
     serve(Router::new().route("/", get(|| async { "hello" }).layer(layer))).await
 }
 
@@ -105,10 +117,11 @@ async fn two_gateways_share_one_quota_through_redis() {
     assert_eq!(request(&b, "k2").await.status(), StatusCode::OK);
 }
 
-/// Redis killed mid-run: each gateway answers by its failure policy, and
-/// since the fleet's state is unknown, with `RateLimit-Policy` but no
-/// `RateLimit` field (issue 24: fail open used to send `r=0;t=0`, telling
-/// a client it admitted to back off).
+/// Redis killed mid-run: each gateway answers by its failure policy. Open
+/// and closed know no bucket: `RateLimit-Policy` but no `RateLimit` field
+/// (issue 24: fail open used to send `r=0;t=0`, telling a client it
+/// admitted to back off). A local fallback's answers describe its own
+/// quota and bucket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_redis_answers_by_the_failure_policy() {
     const POLICY: Option<&str> = Some("\"fleet\";q=1;w=60");
@@ -127,13 +140,20 @@ async fn a_dead_redis_answers_by_the_failure_policy() {
     assert_eq!(header(&second, "ratelimit"), Some("\"fleet\";r=0;t=60"));
 
     redis.kill();
-    // The local fallback admits 2 a minute on its own, then refuses.
-    let local_statuses = [
-        StatusCode::OK,
-        StatusCode::OK,
-        StatusCode::TOO_MANY_REQUESTS,
+    // The local fallback admits 2 a minute on its own, then refuses; its
+    // answers describe the local quota (one token per 30 s), the limit
+    // that decided, in every field (issue 37, item 3: they used to
+    // advertise the fleet's q=1 next to the local Retry-After).
+    let local_answers = [
+        (StatusCode::OK, "\"fleet\";r=1;t=30", None),
+        (StatusCode::OK, "\"fleet\";r=0;t=60", None),
+        (
+            StatusCode::TOO_MANY_REQUESTS,
+            "\"fleet\";r=0;t=60",
+            Some("30"),
+        ),
     ];
-    for local_status in local_statuses {
+    for (local_status, local_rate, local_retry) in local_answers {
         let admitted = request(&open, "fresh").await;
         assert_eq!(admitted.status(), StatusCode::OK);
         assert_eq!(header(&admitted, "ratelimit-policy"), POLICY);
@@ -148,10 +168,12 @@ async fn a_dead_redis_answers_by_the_failure_policy() {
 
         let fallback = request(&local, "fresh").await;
         assert_eq!(fallback.status(), local_status);
-        assert_eq!(header(&fallback, "ratelimit-policy"), POLICY);
-        assert_eq!(header(&fallback, "ratelimit"), None);
-        let waits = local_status == StatusCode::TOO_MANY_REQUESTS;
-        assert_eq!(header(&fallback, "retry-after").is_some(), waits);
+        assert_eq!(
+            header(&fallback, "ratelimit-policy"),
+            Some("\"fleet\";q=2;w=60")
+        );
+        assert_eq!(header(&fallback, "ratelimit"), Some(local_rate));
+        assert_eq!(header(&fallback, "retry-after"), local_retry);
     }
 }
 
@@ -433,4 +455,47 @@ async fn a_redis_multi_limit_changed_while_serving_shows_on_the_next_response() 
         header(&response, "ratelimit"),
         Some("\"search-0\";r=0;t=60")
     );
+}
+
+/// A cost the fleet's quota can meet but the local fallback's cannot is
+/// denied as fail closed denies, and described as fail closed is: the
+/// fleet's policy, no `RateLimit` (no local bucket decided it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cost_above_the_local_burst_is_described_as_fail_closed() {
+    let mut redis = RedisServer::start().expect("redis-server");
+    let local = KeyedLimiter::new("2/min".parse().expect("quota"));
+    let cost = CostExtractor::header(HeaderName::from_static("x-cost"));
+    let policy = FailurePolicy::Local(local);
+    let url = weighted_gateway(&redis, "10/min", policy, Some(cost)).await;
+    redis.kill();
+    let send = |cost: &'static str| {
+        let url = url.clone();
+        async move {
+            reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .expect("client")
+                .get(url)
+                .header("x-api-key", "k")
+                .header("x-cost", cost)
+                .send()
+                .await
+                .expect("send")
+        }
+    };
+    let big = send("5").await;
+    assert_eq!(big.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&big, "ratelimit-policy"),
+        Some("\"fleet\";q=10;w=60")
+    );
+    assert_eq!(header(&big, "ratelimit"), None);
+    // A cost the local bucket holds is the local limit's, in every field.
+    let small = send("1").await;
+    assert_eq!(small.status(), StatusCode::OK);
+    assert_eq!(
+        header(&small, "ratelimit-policy"),
+        Some("\"fleet\";q=2;w=60")
+    );
+    assert_eq!(header(&small, "ratelimit"), Some("\"fleet\";r=1;t=30"));
 }

@@ -220,11 +220,11 @@ fn costs_that_can_never_be_met_are_errors_not_panics() {
         assert!(direct.peek_n(n).is_err());
         assert!(direct.refund(n).is_err());
     }
-    assert_eq!(limiter.refund(&1, 0), Err(CostError::Zero));
+    assert_eq!(limiter.refund(&1, 0), Err(CostError::ZeroRefund));
     assert_eq!(
         direct.refund(11),
-        Err(CostError::ExceedsCapacity {
-            cost: 11,
+        Err(CostError::RefundAboveCapacity {
+            refund: 11,
             capacity: 10
         })
     );

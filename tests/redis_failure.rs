@@ -73,7 +73,11 @@ async fn timed_checks(
 fn a_failed_call(error: Option<&RedisCallError>) -> bool {
     matches!(
         error,
-        Some(RedisCallError::Timeout | RedisCallError::Redis(_))
+        Some(
+            RedisCallError::Timeout
+                | RedisCallError::ConnectionRefused(_)
+                | RedisCallError::Redis(_)
+        )
     )
 }
 
@@ -369,6 +373,60 @@ async fn operations_go_through_the_breaker() -> TestResult {
         a_failed_call(limiter.last_error().as_ref()),
         "{:?}",
         limiter.last_error()
+    );
+    Ok(())
+}
+
+/// Issue 37, item 4: with nothing listening, a call fails at once as a
+/// refused connection, not as a timeout (the timeout here is a minute: a
+/// call that waited for it would end as `Timeout`, which fails the test,
+/// rather than by the clock). Every failure reads the same, each counts
+/// toward the breaker, and an operation's error says so too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_is_not_running_refuses_at_once() -> TestResult {
+    let port = redis_server::free_port()?;
+    let build = |threshold| {
+        RedisLimiter::builder(Quota::per_minute(1).expect("quota"))
+            .url(format!("redis://127.0.0.1:{port}"))
+            .timeout(Duration::from_secs(60))
+            .breaker(BreakerConfig {
+                failure_threshold: threshold,
+                cool_down: NO_PROBE,
+            })
+            .build()
+    };
+    let limiter = build(3).await?;
+    for i in 0..3 {
+        let decision = limiter.check("k").await?;
+        assert!(decision.is_fallback(), "check {i}");
+        assert!(
+            matches!(
+                limiter.last_error(),
+                Some(RedisCallError::ConnectionRefused(_))
+            ),
+            "check {i}: {:?}",
+            limiter.last_error()
+        );
+    }
+    let m = limiter.metrics();
+    assert_eq!((m.redis_errors, m.timeouts), (3, 0), "{m:?}");
+    assert_eq!(limiter.breaker_state(), BreakerState::Open);
+    let error = limiter.last_error().expect("an error").to_string();
+    assert!(
+        error.starts_with("Redis refused the connection (is it running at that address?)"),
+        "{error}"
+    );
+
+    let operations = build(100).await?;
+    assert!(
+        matches!(
+            operations.peek("k").await,
+            Err(RedisLimitError::Unavailable(
+                RedisCallError::ConnectionRefused(_)
+            ))
+        ),
+        "{:?}",
+        operations.peek("k").await
     );
     Ok(())
 }

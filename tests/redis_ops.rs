@@ -9,7 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis_server::{redis_cli, RedisServer};
-use turnstile_rl::redis::{RedisLimitError, RedisLimiter, TimeSource};
+use turnstile_rl::redis::{
+    BreakerConfig, BreakerState, FailurePolicy, RedisBuildError, RedisLimitError, RedisLimiter,
+    RedisMulti, TimeSource,
+};
 use turnstile_rl::{CostError, DirectLimiter, KeyedMultiLimiter, ManualClock, Quota, Quotas};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -152,11 +155,20 @@ async fn bad_input_is_a_typed_error() -> TestResult {
     assert_eq!(redis.peek_n("k", 0).await, Err(CostError::Zero.into()));
     assert_eq!(
         redis.refund("k", 11).await,
-        Err(CostError::ExceedsCapacity {
-            cost: 11,
+        Err(CostError::RefundAboveCapacity {
+            refund: 11,
             capacity: 10
         }
         .into())
+    );
+    let one = RedisLimiter::builder("10/s".parse()?)
+        .lease(1)
+        .build()
+        .await
+        .expect_err("a lease of 1");
+    assert_eq!(
+        one.to_string(),
+        "invalid Redis limiter setting: a lease of 1 token: it must be 2 to the burst (10)"
     );
     assert_eq!(redis.reset("").await, Err(RedisLimitError::EmptyKey));
     let multi = redis.multi("10/s; 5/min".parse()?)?;
@@ -169,9 +181,77 @@ async fn bad_input_is_a_typed_error() -> TestResult {
         .into())
     );
     assert_eq!(multi.refund("", 1).await, Err(RedisLimitError::EmptyKey));
+    assert_eq!(
+        multi.refund("k", 0).await,
+        Err(CostError::ZeroRefund.into())
+    );
     assert!(
         redis.multi("2000000/s".parse()?).is_err(),
         "finer than a microsecond"
+    );
+    Ok(())
+}
+
+/// Issue 37, item 2: a `RedisMulti` from its quotas alone, with the
+/// settings of a limiter's builder (URL, prefix, timeout, breaker, failure
+/// policy, time source), and no single quota it never uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_limit_is_built_from_its_quotas_alone() -> TestResult {
+    let mut server = RedisServer::start()?;
+    let clock = ManualClock::starting_at(Duration::from_secs(1_000));
+    let multi = RedisMulti::builder("3/s; 5/min".parse()?)
+        .url(server.url())
+        .prefix("alone:")
+        .timeout(Duration::from_secs(2))
+        .breaker(BreakerConfig {
+            failure_threshold: 1,
+            cool_down: Duration::from_secs(600),
+        })
+        .failure_policy(FailurePolicy::FailClosed)
+        .time_source(TimeSource::Client(Arc::new(clock.clone())))
+        .build()
+        .await?;
+    assert_eq!(multi.quotas(), "3/s; 5/min".parse::<Quotas>()?);
+    assert!(matches!(multi.failure_policy(), FailurePolicy::FailClosed));
+    // All or nothing, on the client clock: three pass, the first limit
+    // binds; a second later two more pass and the second limit binds.
+    let admitted = |decisions: &[bool]| decisions.iter().filter(|&&d| d).count();
+    let mut first = Vec::new();
+    for _ in 0..4 {
+        first.push(multi.check("k").await?.is_allowed());
+    }
+    assert_eq!(admitted(&first), 3);
+    clock.advance(Duration::from_secs(1));
+    let mut second = Vec::new();
+    for _ in 0..3 {
+        second.push(multi.check("k").await?.is_allowed());
+    }
+    assert_eq!(admitted(&second), 2);
+    let denied = multi.check("k").await?;
+    assert_eq!(denied.binding(), 1);
+    // Under the prefix given, one Redis key per limit.
+    for limit in ["alone:{k}:0", "alone:{k}:1"] {
+        assert_eq!(redis_cli(server.port(), &["EXISTS", limit])?.trim(), "1");
+    }
+    assert_eq!(multi.metrics().redis_calls, 8);
+    // The failure policy and breaker given: Redis gone, a check is a
+    // fallback denial, and one failure opens the breaker.
+    server.kill();
+    let fallback = multi.check("other").await?;
+    assert!(fallback.decision().is_fallback() && fallback.is_denied());
+    assert!(matches!(multi.breaker_state(), BreakerState::Open));
+    assert!(multi.last_error().is_some());
+
+    // The builder's checks: a zero timeout, a quota the script cannot hold.
+    let zero = RedisMulti::builder("3/s; 5/min".parse()?)
+        .timeout(Duration::ZERO)
+        .build()
+        .await;
+    assert!(matches!(zero, Err(RedisBuildError::Config(_))), "{zero:?}");
+    let fine = RedisMulti::builder("3/s; 2000000/s".parse()?).build().await;
+    assert!(
+        matches!(fine, Err(RedisBuildError::Unrepresentable { .. })),
+        "{fine:?}"
     );
     Ok(())
 }

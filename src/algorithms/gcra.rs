@@ -187,14 +187,7 @@ const ADD_MOST: u64 = 1 << 32;
 impl Algorithm for Gcra {
     #[inline]
     fn check_cost(&self, cost: u64) -> Result<(), CostError> {
-        match cost {
-            0 => Err(CostError::Zero),
-            n if n > self.burst.get() => Err(CostError::ExceedsCapacity {
-                cost: n,
-                capacity: self.burst.get(),
-            }),
-            _ => Ok(()),
-        }
+        CostError::check(cost, self.burst.get())
     }
 
     #[inline]

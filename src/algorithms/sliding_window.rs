@@ -299,14 +299,7 @@ impl sealed::Sealed for SlidingWindow {
 impl Algorithm for SlidingWindow {
     #[inline]
     fn check_cost(&self, cost: u64) -> Result<(), CostError> {
-        match cost {
-            0 => Err(CostError::Zero),
-            n if n > self.limit => Err(CostError::ExceedsCapacity {
-                cost: n,
-                capacity: self.limit,
-            }),
-            _ => Ok(()),
-        }
+        CostError::check(cost, self.limit)
     }
 
     #[inline]

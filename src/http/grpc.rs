@@ -78,6 +78,16 @@ pub(crate) fn code_of(status: StatusCode) -> u16 {
     }
 }
 
+/// `response` with a negative `grpc-retry-pushback-ms`, which tells a gRPC
+/// client's retry policy not to retry (gRFC A6): for a call no wait can
+/// ever admit.
+pub(crate) fn never_retry(mut response: Response<Bytes>) -> Response<Bytes> {
+    response
+        .headers_mut()
+        .insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
+    response
+}
+
 /// A Trailers-Only gRPC answer: `code`, `message` (percent-encoded as the
 /// gRPC spec asks), an empty body.
 pub(crate) fn status_response(code: u16, message: &str) -> Response<Bytes> {

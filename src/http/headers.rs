@@ -16,10 +16,21 @@
 //! rounded up. So `"10/s burst 20"` is `q=20;w=2`, `"100/min"` is
 //! `q=100;w=60`, and `r` never exceeds `q`. `r` is
 //! [`Decision::remaining`]; `t` is [`Decision::reset_after`] rounded up to
-//! whole seconds. A [fallback decision](Decision::is_fallback) describes
-//! no shared state: it gets `RateLimit-Policy` but neither `RateLimit` nor
-//! the `X-RateLimit-*` trio (a denial still gets `Retry-After`). On a denial,
-//! `Retry-After` is [`Decision::retry_after`] in delta-seconds, rounded
+//! whole seconds. A [fallback decision](Decision::is_fallback) (a remote
+//! limiter's store did not answer) is described by what decided it:
+//!
+//! - a local fallback limiter (Redis's `FailurePolicy::Local`, a
+//!   [`Limiter::fallback_quota`](super::Limiter::fallback_quota)):
+//!   `RateLimit-Policy` is the local quota, and `RateLimit`, the trio and
+//!   `Retry-After` its bucket's, so all of them describe the limit that
+//!   decided;
+//! - no bucket (fail open, fail closed): `RateLimit-Policy` is the
+//!   limiter's own quota, with neither `RateLimit` nor the trio, as the
+//!   fleet's state is unknown and `r=0` would tell an admitted client to
+//!   back off (a denial still gets `Retry-After`: when the store is tried
+//!   again).
+//!
+//! On a denial, `Retry-After` is [`Decision::retry_after`] in delta-seconds, rounded
 //! **up** so that a client that waits exactly that long is admitted (and
 //! never `0`).
 //!
@@ -175,6 +186,25 @@ impl HeaderSet {
         })
     }
 
+    /// Appends `policy` (from [`policy`](HeaderSet::policy)) alone: for
+    /// an answer no bucket decided (a cost no limit can meet).
+    pub(crate) fn write_policy(&self, policy: Option<HeaderValue>, headers: &mut HeaderMap) {
+        if let Some(policy) = policy {
+            headers.append(RATELIMIT_POLICY, policy);
+        }
+    }
+
+    /// `RateLimit-Policy` for a fallback decision of the policy at
+    /// `binding` made under `quota` (a local fallback limiter's), or `None`
+    /// when the IETF fields are off. Rendered each time: only a
+    /// store that is down takes this path.
+    pub(crate) fn fallback_policy(&self, binding: usize, quota: Quota) -> Option<HeaderValue> {
+        let name = self.names.get(binding).or(self.names.first())?;
+        self.ietf
+            .then(|| render(std::slice::from_ref(name), &[quota]))
+            .flatten()
+    }
+
     /// Writes the rate-limit fields for `decision`, the decision of the
     /// policy at `binding` (not `Retry-After`: see [`write_retry_after`]),
     /// with `policy` from [`policy`](HeaderSet::policy).
@@ -195,7 +225,20 @@ impl HeaderSet {
         binding: usize,
         headers: &mut HeaderMap,
     ) {
-        let fallback = decision.is_fallback();
+        self.write_described(policy, decision, binding, !decision.is_fallback(), headers);
+    }
+
+    /// [`write`](HeaderSet::write), with `RateLimit` and the trio only when
+    /// `decision` describes a bucket (`stateful`).
+    pub(crate) fn write_described(
+        &self,
+        policy: Option<HeaderValue>,
+        decision: &Decision,
+        binding: usize,
+        stateful: bool,
+        headers: &mut HeaderMap,
+    ) {
+        let fallback = !stateful;
         let remaining = decision.remaining();
         let reset = ceil_secs(decision.reset_after());
         // A binding index out of range (a limiter answering for a policy it

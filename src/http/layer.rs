@@ -13,12 +13,14 @@ use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
 use super::body::RateLimitBody;
+use super::cost::CostExtractor;
 use super::headers::{self, HeaderSet, NotPrintable};
 use super::key::KeyExtractor;
 use super::rejection::{Denied, OnDenied};
 use super::request::RequestParts;
 use super::{grpc, problem, Limiter};
 use crate::decision::Decision;
+use crate::error::CostError;
 use crate::multi::MultiDecision;
 
 /// What the layer does when its limiter fails (a Redis limiter whose store
@@ -60,7 +62,11 @@ pub enum LayerError {
     },
     /// [`policy_names`](RateLimitLayerBuilder::policy_names) gave a name
     /// count that is not the limiter's quota count.
-    #[error("{given} policy names for a limiter of {quotas} quotas: give one name per quota")]
+    #[error(
+        "{} for a limiter of {}: give one name per quota",
+        crate::error::plural(*given, "policy name"),
+        crate::error::plural(*quotas, "quota")
+    )]
     PolicyNameCount {
         /// Names given.
         given: usize,
@@ -74,7 +80,9 @@ pub enum LayerError {
 /// One counter per outcome, labelled `limiter` (the policy name), `route`
 /// and `outcome`: `allowed`, `denied`, `shadow_denied` (denied by a layer
 /// in [shadow mode](RateLimitLayerBuilder::shadow), and let through),
-/// `bad_key` (refused by the key policy) or `limiter_error`.
+/// `bad_key` (refused by the key policy), `bad_cost` (a cost that could not
+/// be read, or 0), `too_costly` (a cost above a limit's capacity, which no
+/// wait can meet) or `limiter_error`.
 pub const DECISIONS_METRIC: &str = "turnstile_http_decisions_total";
 
 /// The counters of one layer.
@@ -84,6 +92,8 @@ struct Counters {
     denied: Counter,
     shadow_denied: Counter,
     bad_key: Counter,
+    bad_cost: Counter,
+    too_costly: Counter,
     limiter_error: Counter,
 }
 
@@ -108,7 +118,8 @@ impl Metrics {
                 "Requests seen by turnstile's HTTP rate-limit layer, by policy (limiter), \
                  route and outcome: allowed, denied, shadow_denied (denied in shadow \
                  mode and let through), bad_key (refused by the key policy), \
-                 limiter_error (the limiter could not decide)"
+                 bad_cost (no readable cost, or 0), too_costly (a cost above a limit's \
+                 capacity), limiter_error (the limiter could not decide)"
             );
             Counters::new(&self.limiter, &self.route)
         })
@@ -130,6 +141,8 @@ impl Counters {
             denied: counter("denied"),
             shadow_denied: counter("shadow_denied"),
             bad_key: counter("bad_key"),
+            bad_cost: counter("bad_cost"),
+            too_costly: counter("too_costly"),
             limiter_error: counter("limiter_error"),
         }
     }
@@ -142,6 +155,8 @@ struct Shared<L> {
     /// denial body).
     policies: Vec<String>,
     key: KeyExtractor,
+    /// `None`: every request costs 1.
+    cost: Option<CostExtractor>,
     headers: HeaderSet,
     on_error: OnLimiterError,
     on_denied: OnDenied,
@@ -153,11 +168,58 @@ impl<L: Limiter> Shared<L> {
     /// The rate-limit fields for `decision` (binding limit `binding`), with
     /// `RateLimit-Policy` for the limiter's quotas now: rendered again
     /// after a quota change, on the first response that follows it.
+    ///
+    /// A fallback decision made by a local limiter is described by that
+    /// limiter's quota and bucket, not the store's it stands in for.
     fn write_headers(&self, decision: &Decision, binding: usize, headers: &mut http::HeaderMap) {
+        // A local limiter's decision carries its burst as the limit; a
+        // cost above that burst is denied by the store's closed rule, with
+        // the store's burst, and describes no local bucket.
+        let local = decision
+            .is_fallback()
+            .then(|| self.limiter.fallback_quota())
+            .flatten()
+            .filter(|quota| quota.burst_size() == decision.limit());
+        if let Some(quota) = local {
+            let policy = self.headers.fallback_policy(binding, quota);
+            self.headers
+                .write_described(policy, decision, binding, true, headers);
+            return;
+        }
         let policy = self
             .headers
             .policy(self.limiter.quota_version(), || self.limiter.quotas());
         self.headers.write(policy, decision, binding, headers);
+    }
+
+    /// The answer to a cost above the capacity of one of the limits: `413
+    /// Content Too Large` (a gRPC `RESOURCE_EXHAUSTED` that asks not to be
+    /// retried), naming the policy whose burst the cost exceeds, with
+    /// `RateLimit-Policy` and no `Retry-After`: no wait would help.
+    fn too_costly(&self, grpc: bool, cost: u64, capacity: u64) -> Response<Bytes> {
+        let quotas = self.limiter.quotas();
+        let binding = quotas
+            .iter()
+            .position(|quota| quota.burst_size() == capacity)
+            .unwrap_or(0);
+        let policy = self.policies.get(binding).unwrap_or(&self.name);
+        let detail = format!(
+            "a cost of {cost} can never be met: policy \"{policy}\" admits at most \
+             {capacity} at once"
+        );
+        let mut response = if grpc {
+            grpc::never_retry(grpc::status_response(grpc::RESOURCE_EXHAUSTED, &detail))
+        } else {
+            let members = problem::Members::TooCostly {
+                policy,
+                cost,
+                capacity,
+            };
+            problem::response(StatusCode::PAYLOAD_TOO_LARGE, &detail, Some(members))
+        };
+        let policy = self.headers.policy(self.limiter.quota_version(), || quotas);
+        self.headers.write_policy(policy, response.headers_mut());
+        response
     }
 }
 
@@ -213,6 +275,7 @@ impl<L: Limiter> RateLimitLayer<L> {
             policy_names: None,
             route: None,
             key: KeyExtractor::peer_ip(),
+            cost: None,
             ietf_headers: true,
             x_ratelimit_headers: false,
             on_error: OnLimiterError::default(),
@@ -245,6 +308,7 @@ pub struct RateLimitLayerBuilder<L> {
     policy_names: Option<Vec<String>>,
     route: Option<String>,
     key: KeyExtractor,
+    cost: Option<CostExtractor>,
     ietf_headers: bool,
     x_ratelimit_headers: bool,
     on_error: OnLimiterError,
@@ -258,6 +322,7 @@ impl<L> fmt::Debug for RateLimitLayerBuilder<L> {
             .field("name", &self.name)
             .field("route", &self.route)
             .field("key", &self.key)
+            .field("cost", &self.cost)
             .field("ietf_headers", &self.ietf_headers)
             .field("x_ratelimit_headers", &self.x_ratelimit_headers)
             .field("on_error", &self.on_error)
@@ -310,6 +375,32 @@ impl<L: Limiter> RateLimitLayerBuilder<L> {
     /// How requests are keyed (default: [`KeyExtractor::peer_ip`]).
     pub fn key(mut self, key: KeyExtractor) -> Self {
         self.key = key;
+        self
+    }
+
+    /// What each request costs (default: 1 each): one cost for every limit
+    /// of the limiter, charged all or nothing. `RateLimit` then counts
+    /// what is left after the charge. A cost that cannot be read, or 0, is
+    /// a `400`; a cost above a limit's capacity (its burst) can never be
+    /// admitted and is a `413` without `Retry-After`, never a `429` (see
+    /// the [module docs](super#weighted-requests)).
+    ///
+    /// ```
+    /// use axum::http::HeaderName;
+    /// use turnstile_rl::http::{CostExtractor, HttpKey, KeyExtractor, RateLimitLayer};
+    /// use turnstile_rl::KeyedLimiter;
+    ///
+    /// // 1,000 items a minute per API key, whatever the batch sizes.
+    /// let layer = RateLimitLayer::builder(KeyedLimiter::<HttpKey>::new("1000/min".parse()?))
+    ///     .name("ingest")
+    ///     .key(KeyExtractor::header(HeaderName::from_static("x-api-key")))
+    ///     .cost(CostExtractor::header(HeaderName::from_static("x-batch-size")))
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn cost(mut self, cost: CostExtractor) -> Self {
+        self.cost = Some(cost);
         self
     }
 
@@ -422,6 +513,7 @@ impl<L: Limiter> RateLimitLayerBuilder<L> {
                 name: self.name,
                 policies,
                 key: self.key,
+                cost: self.cost,
                 on_error: self.on_error,
                 on_denied: self.on_denied,
                 shadow: self.shadow,
@@ -469,27 +561,57 @@ where
 
     fn call(&mut self, request: Request<ReqB>) -> Self::Future {
         let shared = Arc::clone(&self.shared);
-        let key = match shared.key.key(&RequestParts::of(&request)) {
+        let parts = RequestParts::of(&request);
+        let grpc = || grpc::is_grpc(request.headers());
+        let key = match shared.key.key(&parts) {
             Ok(key) => key,
             Err((status, error)) => {
                 shared.metrics.get().bad_key.increment(1);
-                let grpc = grpc::is_grpc(request.headers());
-                let response = refusal(grpc, status, &error.to_string());
+                let response = refusal(grpc(), status, &error.to_string());
                 return ResponseFuture::ready(shared, response);
             }
         };
-        let check = shared.limiter.check(&key);
+        let checked = match &shared.cost {
+            None => Ok(shared.limiter.check(&key)),
+            Some(cost) => match cost.cost(&parts) {
+                Ok(cost) => shared.limiter.check_n(&key, cost),
+                Err(error) => {
+                    shared.metrics.get().bad_cost.increment(1);
+                    let response = refusal(grpc(), StatusCode::BAD_REQUEST, &error.to_string());
+                    return ResponseFuture::ready(shared, response);
+                }
+            },
+        };
         // The clone that was made ready is the one that must be called:
         // keep it for the request and leave a fresh clone in its place.
         let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture {
-            shared,
-            state: State::Checking {
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let state = match checked {
+            Ok(check) => State::Checking {
                 check,
                 pending: Some((inner, request)),
             },
-        }
+            Err(CostError::ExceedsCapacity { cost, capacity }) => {
+                if !shared.shadow {
+                    shared.metrics.get().too_costly.increment(1);
+                    let response = shared.too_costly(grpc(), cost, capacity);
+                    return ResponseFuture::ready(shared, response);
+                }
+                // Shadow mode lets it through, undecided: no bucket was
+                // charged, so no `RateLimit` field describes it.
+                shared.metrics.get().shadow_denied.increment(1);
+                State::Calling {
+                    call: inner.call(request),
+                    decision: None,
+                }
+            }
+            Err(error) => {
+                shared.metrics.get().bad_cost.increment(1);
+                let response = refusal(grpc(), StatusCode::BAD_REQUEST, &error.to_string());
+                return ResponseFuture::ready(shared, response);
+            }
+        };
+        ResponseFuture { shared, state }
     }
 }
 

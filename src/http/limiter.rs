@@ -9,13 +9,15 @@ use super::request::HttpKey;
 use crate::algorithms::Gcra;
 use crate::clock::Clock;
 use crate::direct::DirectLimiter;
+use crate::error::CostError;
 use crate::keyed::KeyedLimiter;
 use crate::multi::{KeyedMultiLimiter, MultiDecision, MultiLimiter};
 use crate::quota::Quota;
 
 /// A limiter the HTTP layer can ask: an asynchronous check of one request
-/// of cost 1 for a key, and the quotas it enforces (for the
-/// `RateLimit-Policy` header).
+/// for a key, of cost 1 or of a cost the layer's
+/// [`CostExtractor`](super::CostExtractor) read, and the quotas it enforces
+/// (for the `RateLimit-Policy` header).
 ///
 /// A check answers a [`MultiDecision`]: the binding limit's
 /// [`Decision`](crate::Decision)
@@ -37,7 +39,7 @@ use crate::quota::Quota;
 /// use std::future::Future;
 /// use std::pin::Pin;
 /// use turnstile_rl::http::{HttpKey, Limiter};
-/// use turnstile_rl::{MultiDecision, Quota};
+/// use turnstile_rl::{CostError, MultiDecision, Quota};
 ///
 /// #[derive(Debug, thiserror::Error)]
 /// #[error("store unreachable")]
@@ -55,6 +57,19 @@ use crate::quota::Quota;
 ///         // `HttpKey` bumps a reference count; it is `AsRef<[u8]>`.
 ///         let _key: HttpKey = key.clone();
 ///         Box::pin(async move { Err(StoreDown) })
+///     }
+///
+///     fn check_n(&self, key: &HttpKey, cost: u64) -> Result<Self::Future, CostError> {
+///         // A cost no wait can meet is refused before anything is sent.
+///         let capacity = self.quota.burst_size();
+///         if cost == 0 {
+///             return Err(CostError::Zero);
+///         }
+///         if cost > capacity {
+///             return Err(CostError::ExceedsCapacity { cost, capacity });
+///         }
+///         let _key: HttpKey = key.clone();
+///         Ok(Box::pin(async move { Err(StoreDown) }))
 ///     }
 ///
 ///     fn quota(&self) -> Quota {
@@ -77,6 +92,14 @@ pub trait Limiter: Send + Sync + 'static {
     /// had run once; the layer never retries a check.
     fn check(&self, key: &HttpKey) -> Self::Future;
 
+    /// Decides one request of cost `cost` for `key`, all `cost` tokens of
+    /// every limit or none (see [`check`](Limiter::check) on dropping the
+    /// future). A cost no wait can ever meet, 0 or above a limit's
+    /// capacity, is an error at once, before anything is charged or sent:
+    /// the layer answers it (`400`, `413`) instead of a `429` whose
+    /// `Retry-After` could never be honoured.
+    fn check_n(&self, key: &HttpKey, cost: u64) -> Result<Self::Future, CostError>;
+
     /// The quota this limiter enforces, advertised in `RateLimit-Policy`
     /// (how: [`headers`](super::headers)); for a limiter of several, the
     /// first.
@@ -87,6 +110,16 @@ pub trait Limiter: Send + Sync + 'static {
     /// `RateLimit-Policy`. One limit by default.
     fn quotas(&self) -> Vec<Quota> {
         vec![self.quota()]
+    }
+
+    /// The quota a [fallback decision](crate::Decision::is_fallback) is
+    /// made under, when a local limiter makes it (a Redis limiter's
+    /// `FailurePolicy::Local`): the layer then describes such a decision
+    /// by that quota and its bucket (`RateLimit-Policy`, `RateLimit`,
+    /// `Retry-After`), the limit that decided. `None` (the default) when
+    /// fallback decisions describe no bucket (fail open, fail closed).
+    fn fallback_quota(&self) -> Option<Quota> {
+        None
     }
 
     /// A number that moves whenever [`quotas`](Limiter::quotas) may answer
@@ -107,6 +140,11 @@ impl<C: Clock + 'static> Limiter for KeyedLimiter<HttpKey, C, Gcra> {
     #[inline]
     fn check(&self, key: &HttpKey) -> Self::Future {
         ready(Ok(KeyedLimiter::check(self, key).into()))
+    }
+
+    #[inline]
+    fn check_n(&self, key: &HttpKey, cost: u64) -> Result<Self::Future, CostError> {
+        KeyedLimiter::check_n(self, key, cost).map(|d| ready(Ok(d.into())))
     }
 
     fn quota(&self) -> Quota {
@@ -130,6 +168,11 @@ impl<C: Clock + 'static> Limiter for DirectLimiter<C, Gcra> {
         ready(Ok(DirectLimiter::check(self).into()))
     }
 
+    #[inline]
+    fn check_n(&self, _key: &HttpKey, cost: u64) -> Result<Self::Future, CostError> {
+        DirectLimiter::check_n(self, cost).map(|d| ready(Ok(d.into())))
+    }
+
     fn quota(&self) -> Quota {
         DirectLimiter::quota(self)
     }
@@ -150,12 +193,21 @@ impl<L: Limiter + ?Sized> Limiter for Arc<L> {
         (**self).check(key)
     }
 
+    #[inline]
+    fn check_n(&self, key: &HttpKey, cost: u64) -> Result<Self::Future, CostError> {
+        (**self).check_n(key, cost)
+    }
+
     fn quota(&self) -> Quota {
         (**self).quota()
     }
 
     fn quotas(&self) -> Vec<Quota> {
         (**self).quotas()
+    }
+
+    fn fallback_quota(&self) -> Option<Quota> {
+        (**self).fallback_quota()
     }
 
     fn quota_version(&self) -> u64 {
@@ -173,6 +225,11 @@ impl<C: Clock + 'static> Limiter for KeyedMultiLimiter<HttpKey, C> {
     #[inline]
     fn check(&self, key: &HttpKey) -> Self::Future {
         ready(Ok(KeyedMultiLimiter::check(self, key)))
+    }
+
+    #[inline]
+    fn check_n(&self, key: &HttpKey, cost: u64) -> Result<Self::Future, CostError> {
+        KeyedMultiLimiter::check_n(self, key, cost).map(|d| ready(Ok(d)))
     }
 
     fn quota(&self) -> Quota {
@@ -197,6 +254,11 @@ impl<C: Clock + 'static> Limiter for MultiLimiter<C> {
     #[inline]
     fn check(&self, _key: &HttpKey) -> Self::Future {
         ready(Ok(MultiLimiter::check(self)))
+    }
+
+    #[inline]
+    fn check_n(&self, _key: &HttpKey, cost: u64) -> Result<Self::Future, CostError> {
+        MultiLimiter::check_n(self, cost).map(|d| ready(Ok(d)))
     }
 
     fn quota(&self) -> Quota {

@@ -76,6 +76,8 @@
 //! | missing or malformed key | [`OnBadKey`]: `400` by default, or counted against the client address | problem+json naming the problem | none |
 //! | no peer address from the server | `500` | problem+json | none |
 //! | the limiter failed | [`OnLimiterError`]: `503` by default, or passed on | problem+json | none |
+//! | a [cost](RateLimitLayerBuilder::cost) that cannot be read, or 0 | `400` | problem+json naming the problem | none |
+//! | a cost above a limit's capacity | `413` (in shadow mode: the service's) | problem+json with `policy`, `cost`, `capacity` | `RateLimit-Policy`, no `Retry-After` |
 //!
 //! # gRPC
 //!
@@ -136,6 +138,42 @@
 //! fields, but they decide one after the other, so a request the inner
 //! layer denies has already spent the outer layer's token.
 //!
+//! # Weighted requests
+//!
+//! Without a [`CostExtractor`] every request costs 1. With one
+//! ([`RateLimitLayerBuilder::cost`]) a request costs what it weighs: a
+//! batch's item count, an upload's bytes, a GraphQL query's complexity, a
+//! model call's tokens. The one cost is charged to every limit of the
+//! layer, all or nothing, and `RateLimit` counts what is left after it.
+//! A cost that fits a limit's bucket but not its tokens now is a `429`
+//! whose `Retry-After` is the wait for that many tokens. A cost above a
+//! limit's capacity (its burst: `"1000/min"` holds 1,000) can never be
+//! admitted, however long the client waits: it is answered `413 Content
+//! Too Large` with a problem+json body naming the policy, the cost and
+//! the capacity, `RateLimit-Policy`, and no `Retry-After` (a gRPC call gets
+//! `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms: -1`, which tells
+//! gRPC's retry policy not to retry). Give such endpoints a burst that
+//! holds their largest request.
+//!
+//! ```
+//! use axum::http::HeaderName;
+//! use turnstile_rl::http::{CostExtractor, HttpKey, KeyExtractor, RateLimitLayer};
+//! use turnstile_rl::KeyedMultiLimiter;
+//!
+//! // Tokens of a model call, per API key: 10,000 a minute in bursts of
+//! // 2,000, and 100,000 a day, both charged the same cost.
+//! let limits = KeyedMultiLimiter::<HttpKey>::new("10000/min burst 2000; 100000/d".parse()?);
+//! let layer = RateLimitLayer::builder(limits)
+//!     .name("tokens")
+//!     .key(KeyExtractor::header(HeaderName::from_static("x-api-key")))
+//!     .cost(CostExtractor::header(HeaderName::from_static("x-max-tokens")))
+//!     .build()?;
+//! // x-max-tokens: 500   -> 200, RateLimit: "tokens-0";r=1500;t=3
+//! // x-max-tokens: 5000  -> 413, {"policy":"tokens-0","cost":5000,"capacity":2000,..}
+//! # let _ = layer;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! # Metrics
 //!
 //! [`DECISIONS_METRIC`] counts every outcome, with a `# HELP` description.
@@ -145,6 +183,7 @@
 
 mod body;
 mod client_ip;
+mod cost;
 mod grpc;
 pub mod headers;
 mod key;
@@ -156,6 +195,7 @@ mod request;
 
 pub use body::RateLimitBody;
 pub use client_ip::{ClientIp, PeerAddr, X_FORWARDED_FOR, X_REAL_IP};
+pub use cost::{BadCost, CostExtractor};
 pub use key::{KeyExtractor, OnBadKey, DEFAULT_MAX_KEY_LEN};
 pub use layer::{
     LayerError, OnLimiterError, RateLimit, RateLimitLayer, RateLimitLayerBuilder, ResponseFuture,

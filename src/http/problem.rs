@@ -10,23 +10,28 @@ use http::{Response, StatusCode};
 /// The media type of the bodies.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
-/// What a 429's body adds to the standard members.
+/// What a body adds to the standard members, after `detail`.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Throttled<'a> {
-    /// The policy's name.
-    pub(crate) policy: &'a str,
-    /// `Retry-After`, in seconds.
-    pub(crate) retry_after: u64,
+pub(crate) enum Members<'a> {
+    /// A 429: the binding policy and `Retry-After`, in seconds.
+    Throttled { policy: &'a str, retry_after: u64 },
+    /// A cost above a policy's capacity: no wait can meet it.
+    TooCostly {
+        policy: &'a str,
+        cost: u64,
+        capacity: u64,
+    },
 }
 
 /// A problem response: `status`, and a body with `type` `about:blank`, the
-/// status's reason as `title`, `status`, `detail`, and for a 429 `policy`
-/// and `retry_after`. Written directly (strings escaped by serde_json), in
+/// status's reason as `title`, `status`, `detail`, and the `members` of a
+/// 429 (`policy`, `retry_after`) or of a cost that can never be met
+/// (`policy`, `cost`, `capacity`). Written directly (strings escaped by serde_json), in
 /// the RFC's member order; a refused request costs no JSON tree.
 pub(crate) fn response(
     status: StatusCode,
     detail: &str,
-    throttled: Option<Throttled<'_>>,
+    members: Option<Members<'_>>,
 ) -> Response<Bytes> {
     let title = status.canonical_reason().unwrap_or("Error");
     let mut body = String::with_capacity(128 + detail.len());
@@ -37,16 +42,29 @@ pub(crate) fn response(
         status.as_u16(),
         json_string(detail),
     );
-    if let Some(Throttled {
-        policy,
-        retry_after,
-    }) = throttled
-    {
-        let _ = write!(
-            body,
-            ",\"policy\":{},\"retry_after\":{retry_after}",
-            json_string(policy)
-        );
+    match members {
+        Some(Members::Throttled {
+            policy,
+            retry_after,
+        }) => {
+            let _ = write!(
+                body,
+                ",\"policy\":{},\"retry_after\":{retry_after}",
+                json_string(policy)
+            );
+        }
+        Some(Members::TooCostly {
+            policy,
+            cost,
+            capacity,
+        }) => {
+            let _ = write!(
+                body,
+                ",\"policy\":{},\"cost\":{cost},\"capacity\":{capacity}",
+                json_string(policy)
+            );
+        }
+        None => {}
     }
     body.push('}');
     let mut response = Response::new(Bytes::from(body));
@@ -71,7 +89,7 @@ mod tests {
         let response = response(
             StatusCode::TOO_MANY_REQUESTS,
             "say \"hi\"\n",
-            Some(Throttled {
+            Some(Members::Throttled {
                 policy: "a\\b",
                 retry_after: 7,
             }),

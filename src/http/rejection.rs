@@ -75,7 +75,7 @@ impl Denied<'_> {
             );
             return response;
         }
-        let throttled = problem::Throttled {
+        let throttled = problem::Members::Throttled {
             policy: self.policy,
             retry_after: retry,
         };

@@ -225,7 +225,7 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let gcra = self.algorithm.load();
-        gcra.check_cost(n)?;
+        gcra.check_cost(n).map_err(CostError::for_refund)?;
         Ok(self.refund_as(key, n, &gcra))
     }
 
@@ -248,7 +248,7 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let gcra = Gcra::new(quota);
-        gcra.check_cost(n)?;
+        gcra.check_cost(n).map_err(CostError::for_refund)?;
         Ok(self.refund_as(key, n, &gcra))
     }
 

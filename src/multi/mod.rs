@@ -565,7 +565,7 @@ impl<C: Clock> MultiLimiter<C> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn refund(&self, n: u64) -> Result<bool, CostError> {
-        check_cost(&self.snapshot()[..self.limits.len()], n)?;
+        check_cost(&self.snapshot()[..self.limits.len()], n).map_err(CostError::for_refund)?;
         Ok(self
             .limits
             .iter()
@@ -856,7 +856,7 @@ where
         K: Borrow<Q>,
         Q: Hash + Eq + ?Sized,
     {
-        check_cost(&self.snapshot()[..self.limits.len()], n)?;
+        check_cost(&self.snapshot()[..self.limits.len()], n).map_err(CostError::for_refund)?;
         Ok(self.limits.iter().fold(false, |any, limit| {
             limit.refund(key, n).unwrap_or(false) | any
         }))

@@ -12,12 +12,19 @@ pub struct BreakerConfig {
     pub cool_down: Duration,
 }
 
+/// Consecutive failures that open the breaker unless set: enough that
+/// one lost packet or a failover's blip does not open it.
+pub const DEFAULT_FAILURE_THRESHOLD: u32 = 5;
+/// How long the breaker stays open unless set, before one probe.
+pub const DEFAULT_COOL_DOWN: Duration = Duration::from_secs(1);
+
 impl Default for BreakerConfig {
-    /// Open after 5 consecutive failures; probe again after 1 s.
+    /// Open after [`DEFAULT_FAILURE_THRESHOLD`] consecutive failures;
+    /// probe again after [`DEFAULT_COOL_DOWN`].
     fn default() -> Self {
         BreakerConfig {
-            failure_threshold: 5,
-            cool_down: Duration::from_secs(1),
+            failure_threshold: DEFAULT_FAILURE_THRESHOLD,
+            cool_down: DEFAULT_COOL_DOWN,
         }
     }
 }

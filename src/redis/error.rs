@@ -111,7 +111,13 @@ pub enum RedisCallError {
         /// How long until the breaker lets a probe call through.
         retry_in: Duration,
     },
-    /// Redis (or the connection to it) failed.
+    /// Nothing accepted the connection (no Redis listening at the
+    /// address, or a firewall that rejects): the call fails at once, not
+    /// after the timeout, and counts toward the breaker as any failure.
+    #[error("Redis refused the connection (is it running at that address?): {0}")]
+    ConnectionRefused(redis::RedisError),
+    /// Redis (or the connection to it) failed: a server error, or a
+    /// connection that dropped.
     #[error(transparent)]
     Redis(redis::RedisError),
     /// A reply that is not what the script returns (the reply, as text).
@@ -119,11 +125,26 @@ pub enum RedisCallError {
     BadReply(String),
 }
 
+impl RedisLimitError {
+    /// The same error about a refund: a cost error says so in a refund's
+    /// words ([`CostError::for_refund`]).
+    pub(crate) fn for_refund(self) -> Self {
+        match self {
+            RedisLimitError::Cost(cost) => RedisLimitError::Cost(cost.for_refund()),
+            other => other,
+        }
+    }
+}
+
 impl RedisCallError {
     /// The redis crate reports its own response timeouts as errors.
+    /// A refused connection is told apart: it is the one failure that
+    /// says where the fault is (nothing listening).
     pub(crate) fn from_redis(error: redis::RedisError) -> Self {
         if error.is_timeout() {
             RedisCallError::Timeout
+        } else if error.is_connection_refusal() {
+            RedisCallError::ConnectionRefused(error)
         } else {
             RedisCallError::Redis(error)
         }

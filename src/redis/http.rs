@@ -8,7 +8,8 @@
 //! down or slow is the limiter's [`FailurePolicy`](super::FailurePolicy)'s
 //! business, and arrives as a [fallback](crate::Decision::is_fallback)
 //! decision (open: allowed; closed: denied with a `retry_after`; local: the
-//! local limiter's). Only a key the script refuses
+//! local limiter's, which the layer describes by the local quota: see
+//! [`Limiter::fallback_quota`]). Only a key the script refuses
 //! (empty, or above `MAX_KEY_BYTES`) is an error, which the layer answers
 //! with its [`OnLimiterError`](crate::http::OnLimiterError) policy.
 
@@ -17,6 +18,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use super::{RedisLimitError, RedisLimiter, RedisMulti};
+use crate::algorithms::Algorithm;
+use crate::error::CostError;
 use crate::http::{HttpKey, Limiter};
 use crate::multi::MultiDecision;
 use crate::quota::Quota;
@@ -32,12 +35,29 @@ impl Limiter for Arc<RedisLimiter> {
         Box::pin(async move { RedisLimiter::check(&limiter, &key).await.map(Into::into) })
     }
 
+    /// The cost is checked against the quota now; a quota changed before
+    /// the call starts is checked again by the call, and a cost it cannot
+    /// meet is then the layer's limiter error.
+    fn check_n(&self, key: &HttpKey, cost: u64) -> Result<Self::Future, CostError> {
+        self.script().gcra().check_cost(cost)?;
+        let (limiter, key) = (Arc::clone(self), key.clone());
+        Ok(Box::pin(async move {
+            RedisLimiter::check_n(&limiter, &key, cost)
+                .await
+                .map(Into::into)
+        }))
+    }
+
     fn quota(&self) -> Quota {
         RedisLimiter::quota(self)
     }
 
     fn quota_version(&self) -> u64 {
         RedisLimiter::quota_version(self)
+    }
+
+    fn fallback_quota(&self) -> Option<Quota> {
+        self.failure_policy().local_quota()
     }
 }
 
@@ -53,6 +73,16 @@ impl Limiter for Arc<RedisMulti> {
         Box::pin(async move { RedisMulti::check(&limiter, &key).await })
     }
 
+    /// As for one limit: checked against the quotas now, and again by the
+    /// call.
+    fn check_n(&self, key: &HttpKey, cost: u64) -> Result<Self::Future, CostError> {
+        CostError::check(cost, RedisMulti::quotas(self).min_burst())?;
+        let (limiter, key) = (Arc::clone(self), key.clone());
+        Ok(Box::pin(async move {
+            RedisMulti::check_n(&limiter, &key, cost).await
+        }))
+    }
+
     fn quota(&self) -> Quota {
         RedisMulti::quotas(self).first()
     }
@@ -63,5 +93,9 @@ impl Limiter for Arc<RedisMulti> {
 
     fn quota_version(&self) -> u64 {
         RedisMulti::quota_version(self)
+    }
+
+    fn fallback_quota(&self) -> Option<Quota> {
+        self.failure_policy().local_quota()
     }
 }

@@ -137,7 +137,9 @@ impl Metrics {
     pub(crate) fn failure(&self, error: &RedisCallError) {
         match error {
             RedisCallError::Timeout => bump(&self.timeouts),
-            RedisCallError::Redis(_) | RedisCallError::BadReply(_) => bump(&self.redis_errors),
+            RedisCallError::ConnectionRefused(_)
+            | RedisCallError::Redis(_)
+            | RedisCallError::BadReply(_) => bump(&self.redis_errors),
             // Not a call: counted by `breaker_rejection`, and not Redis's error.
             RedisCallError::BreakerOpen { .. } => return,
         }

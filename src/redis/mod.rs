@@ -173,6 +173,7 @@ mod error;
 mod http;
 mod lease;
 mod metrics;
+mod multi_builder;
 mod ops;
 mod policy;
 mod script;
@@ -184,9 +185,10 @@ use std::time::{Duration, Instant};
 
 use redis::ScriptInvocation;
 
-pub use breaker::{BreakerConfig, BreakerState};
+pub use breaker::{BreakerConfig, BreakerState, DEFAULT_COOL_DOWN, DEFAULT_FAILURE_THRESHOLD};
 pub use error::{RedisBuildError, RedisCallError, RedisLimitError};
 pub use metrics::{LatencySnapshot, MetricsSnapshot};
+pub use multi_builder::RedisMultiBuilder;
 pub use ops::RedisMulti;
 pub use policy::FailurePolicy;
 pub use script::{MAX_NOW_MICROS, MAX_TOLERANCE_MICROS};
@@ -209,6 +211,8 @@ use crate::quota::Quota;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 /// The key prefix unless set.
 pub const DEFAULT_PREFIX: &str = "turnstile:";
+/// The one server a limiter talks to unless told otherwise.
+pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
 /// The longest key accepted, in bytes (64 KiB): far beyond any identity,
 /// short of what would make one request a memory attack on Redis.
 pub const MAX_KEY_BYTES: usize = 64 * 1024;
@@ -410,7 +414,8 @@ impl RedisLimiterBuilder {
             Some((k, ttl)) => {
                 if k < 2 || k > script.burst() {
                     return config(format!(
-                        "a lease of {k} tokens: it must be 2 to the burst ({})",
+                        "a lease of {}: it must be 2 to the burst ({})",
+                        crate::error::plural(k, "token"),
                         script.burst()
                     ));
                 }
@@ -492,19 +497,19 @@ impl std::ops::Deref for ScriptOf {
 }
 
 impl RedisLimiter {
-    /// A builder for `quota`: one server at `redis://127.0.0.1:6379` unless
-    /// told otherwise.
+    /// A builder for `quota`: one server at [`DEFAULT_URL`] unless told
+    /// otherwise; the defaults are listed in the README's Redis section.
     pub fn builder(quota: Quota) -> RedisLimiterBuilder {
         RedisLimiterBuilder {
             quota,
-            nodes: vec!["redis://127.0.0.1:6379".to_owned()],
+            nodes: vec![DEFAULT_URL.to_owned()],
             cluster: false,
             prefix: DEFAULT_PREFIX.as_bytes().to_vec(),
             hash_tag: HashTag::None,
             timeout: DEFAULT_TIMEOUT,
             breaker: BreakerConfig::default(),
-            policy: FailurePolicy::FailOpen,
-            time: TimeSource::Server,
+            policy: FailurePolicy::default(),
+            time: TimeSource::default(),
             lease: None,
         }
     }

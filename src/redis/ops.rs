@@ -20,7 +20,9 @@ use super::call::CallPath;
 use super::changing::Changing;
 use super::error::{RedisBuildError, RedisCallError, RedisLimitError};
 use super::script::GcraScript;
-use super::{check_key, redis_key, HashTag, RedisLimiter};
+use super::{
+    check_key, redis_key, BreakerState, FailurePolicy, HashTag, MetricsSnapshot, RedisLimiter,
+};
 use crate::algorithms::Algorithm;
 use crate::decision::Decision;
 use crate::error::{CostError, QuotasError};
@@ -106,7 +108,7 @@ impl RedisLimiter {
     /// ```
     pub async fn refund(&self, key: impl AsRef<[u8]>, n: u64) -> Result<bool, RedisLimitError> {
         let script = self.script();
-        script.gcra().check_cost(n)?;
+        script.gcra().check_cost(n).map_err(CostError::for_refund)?;
         let keys = [self.checked_key(key.as_ref())?];
         let outcome = self
             .run(Op::Refund, &keys, std::slice::from_ref(&*script), n)
@@ -259,11 +261,14 @@ fn decode(
     Ok(Outcome { flag, decisions })
 }
 
-/// Several limits per key on Redis, from [`RedisLimiter::multi`]: each
-/// check is one script call that charges every limit or none.
+/// Several limits per key on Redis, from [`RedisMulti::builder`] (its
+/// quotas and the settings of a [`RedisLimiter`]'s builder) or from
+/// [`RedisLimiter::multi`]: each check is one script call that charges
+/// every limit or none.
 ///
-/// It shares its limiter's call path: the same connection, timeout,
-/// circuit breaker, failure policy and [metrics](RedisLimiter::metrics).
+/// Made by [`RedisLimiter::multi`], it shares that limiter's call path:
+/// the same connection, timeout, circuit breaker, failure policy and
+/// [metrics](RedisLimiter::metrics).
 /// A check Redis did not decide (an error, a timeout, the breaker open)
 /// gets the failure policy's decision, [marked as
 /// such](crate::Decision::is_fallback) and speaking for limit 0: open
@@ -316,16 +321,7 @@ impl Limits {
     /// An error for a cost some limit can never admit, naming the
     /// smallest burst.
     fn check_cost(&self, n: u64) -> Result<(), RedisLimitError> {
-        let min = self.quotas.min_burst();
-        match n {
-            0 => Err(CostError::Zero.into()),
-            n if n > min => Err(CostError::ExceedsCapacity {
-                cost: n,
-                capacity: min,
-            }
-            .into()),
-            _ => Ok(()),
-        }
+        Ok(CostError::check(n, self.quotas.min_burst())?)
     }
 }
 
@@ -393,7 +389,8 @@ impl RedisMulti {
     /// took some back; [`RedisLimitError::Unavailable`] if Redis did not
     /// answer.
     pub async fn refund(&self, key: impl AsRef<[u8]>, n: u64) -> Result<bool, RedisLimitError> {
-        Ok(self.operate(Op::Refund, key.as_ref(), n).await?.flag == 1)
+        let refunded = self.operate(Op::Refund, key.as_ref(), n).await;
+        Ok(refunded.map_err(RedisLimitError::for_refund)?.flag == 1)
     }
 
     /// Forgets `key` in every limit. Returns whether any bucket existed;
@@ -457,6 +454,29 @@ impl RedisMulti {
     /// compares to know its `RateLimit-Policy` is current.
     pub fn quota_version(&self) -> u64 {
         self.limits.get().version
+    }
+
+    /// The circuit breaker's state now (shared with the limiter it was
+    /// made from, if any).
+    pub fn breaker_state(&self) -> BreakerState {
+        self.path.breaker_state()
+    }
+
+    /// The failure policy.
+    pub fn failure_policy(&self) -> &FailurePolicy {
+        self.path.policy()
+    }
+
+    /// Counters and latency percentiles of the call path: this multi's
+    /// calls, and those of the limiter it was made from, if any.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.path.metrics().snapshot()
+    }
+
+    /// The last failed Redis call's error, as
+    /// [`RedisLimiter::last_error`].
+    pub fn last_error(&self) -> Option<RedisCallError> {
+        self.path.metrics().last_error()
     }
 
     /// The Redis keys of `key`'s limits: the limiter's key, hash-tagged on

@@ -23,8 +23,11 @@ use crate::keyed::KeyedLimiter;
 // the local limiter would only make users write `Box::new`.
 #[allow(clippy::large_enum_variant)]
 #[non_exhaustive]
+#[derive(Default)]
 pub enum FailurePolicy {
-    /// Allow every request (availability first).
+    /// Allow every request (availability first). The default: a rate
+    /// limiter that went down with Redis would take the service with it.
+    #[default]
     FailOpen,
     /// Deny every request (protection first). The decision's `retry_after`
     /// is the time until the circuit breaker next tries Redis (at least the
@@ -71,6 +74,15 @@ impl FailurePolicy {
             FailurePolicy::Local(limiter) => limiter.check_n(key, n).unwrap_or(closed),
         };
         decision.by_fallback()
+    }
+
+    /// The local limiter's quota, for [`Local`](FailurePolicy::Local):
+    /// what its decisions are made under.
+    pub fn local_quota(&self) -> Option<crate::Quota> {
+        match self {
+            FailurePolicy::Local(limiter) => Some(limiter.quota()),
+            _ => None,
+        }
     }
 
     /// A short name for reports ("fail-open", "fail-closed", "local").
