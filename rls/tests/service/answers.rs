@@ -217,7 +217,12 @@ async fn the_grpc_health_service_reports_serving() {
         .await
         .expect("connect");
     let mut health = HealthClient::new(channel);
-    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+    // "ratelimit": envoyproxy/ratelimit's name, which probes written for it ask.
+    for service in [
+        "",
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "ratelimit",
+    ] {
         let answer = health
             .check(HealthCheckRequest {
                 service: service.into(),
@@ -230,4 +235,11 @@ async fn the_grpc_health_service_reports_serving() {
             "{service:?}"
         );
     }
+    let unknown = health
+        .check(HealthCheckRequest {
+            service: "no-such-service".into(),
+        })
+        .await
+        .expect_err("an unknown name is not served");
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
 }
