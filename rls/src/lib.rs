@@ -7,6 +7,7 @@
 //! - [`bucket`]: one limit's state, in-process (`KeyedLimiter`) or in Redis;
 //! - [`engine`]: the live rules, reloads, and the answer to a request;
 //! - [`service`]: the gRPC service; [`server`]: listeners and SIGHUP;
+//! - [`window`]: envoyproxy/ratelimit's fixed windows, counted here;
 //! - [`stats`]: the Prometheus metrics; [`settings`]: flags and environment;
 //! - [`load`]: the load test behind `benches/load.rs`.
 //!
@@ -21,6 +22,7 @@ pub mod server;
 pub mod service;
 pub mod settings;
 pub mod stats;
+pub mod window;
 
 pub use engine::Engine;
 pub use server::{start, RunningService, StartError};

@@ -44,6 +44,8 @@ pub struct Rule {
     pub shadow_mode: bool,
     /// `detailed_metric`.
     pub detailed_metric: bool,
+    /// `quota_mode`.
+    pub quota_mode: bool,
     /// The buckets (`None` for `unlimited`).
     pub bucket: Option<Arc<Bucket>>,
     /// The counters of [`path`](Rule::path).
@@ -115,6 +117,10 @@ pub struct Match {
     /// The statistics' path when it is not the rule's own
     /// (`detailed_metric`, `value_to_metric`).
     pub stat_path: Option<String>,
+    /// envoyproxy/ratelimit's cache key without its window:
+    /// `domain_key1_value1_key2_value2_` (a shared wildcard's pattern in
+    /// place of the value), for fixed windows.
+    pub window_key: String,
 }
 
 impl Rules {
@@ -152,6 +158,7 @@ impl Rules {
         let mut detailed = String::new();
         let mut valued = String::new();
         let mut bucket_key = String::new();
+        let mut window_key = window_key_start(domain);
         for (i, entry) in entries.iter().enumerate() {
             let composite = format!("{}_{}", entry.key, entry.value);
             let mut next = node.children.get(&composite);
@@ -173,6 +180,7 @@ impl Rules {
                 .filter(|_| child.share_threshold)
                 .map(|w| w.value.as_str());
             push_part(&mut bucket_key, shared.unwrap_or(&entry.value));
+            push_window_part(&mut window_key, &entry.key, shared.unwrap_or(&entry.value));
             let metric_value = match (wildcard, shared) {
                 (_, Some(pattern)) => Some(pattern),
                 (Some(_), None) if child.value_to_metric => Some(entry.value.as_str()),
@@ -204,7 +212,13 @@ impl Rules {
             rule,
             bucket_key,
             stat_path,
+            window_key,
         })
+    }
+
+    /// Whether `domain` is configured.
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
     }
 
     /// Every configured limit, for the gauges.
@@ -233,6 +247,19 @@ impl Rules {
 pub(crate) fn push_part(key: &mut String, value: &str) {
     use std::fmt::Write;
     let _ = write!(key, "{}:{value}", value.len());
+}
+
+/// The start of envoyproxy/ratelimit's cache key: `domain_`.
+pub(crate) fn window_key_start(domain: &str) -> String {
+    format!("{domain}_")
+}
+
+/// Appends one entry to envoyproxy/ratelimit's cache key: `key_value_`.
+pub(crate) fn push_window_part(key: &mut String, entry_key: &str, value: &str) {
+    key.push_str(entry_key);
+    key.push('_');
+    key.push_str(value);
+    key.push('_');
 }
 
 /// Appends `key` or `key_value` to a dotted statistics path.
@@ -328,6 +355,7 @@ impl Builder<'_> {
             replaces: rate_limit.replaces.clone(),
             shadow_mode: descriptor.shadow_mode,
             detailed_metric: descriptor.detailed_metric,
+            quota_mode: descriptor.quota_mode,
             bucket,
             stats: self.stats.descriptor(self.domain, path),
         })

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+use crate::config::{Algorithm, LoadOptions};
+
 /// `turnstile-rls`: a rate limit service for Envoy.
 #[derive(Clone, Debug, Parser)]
 #[command(name = "turnstile-rls", version, about)]
@@ -65,6 +67,40 @@ pub struct Settings {
     /// The share of a limit past which hits count as `near_limit`.
     #[arg(long, env = "TURNSTILE_RLS_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
     pub near_limit_ratio: f64,
+    /// The algorithm of limits that name none: `gcra` (refills evenly; a
+    /// refused request costs nothing) or `fixed_window` (envoyproxy/ratelimit's
+    /// numbers exactly).
+    #[arg(long, env = "TURNSTILE_RLS_DEFAULT_ALGORITHM", value_enum, default_value_t = Algorithm::Gcra)]
+    pub default_algorithm: Algorithm,
+    /// Fixed windows: when a descriptor of a request goes over, the others
+    /// of that request are not charged (envoyproxy/ratelimit's setting; by
+    /// default every hit counts, refused or not).
+    #[arg(long, env = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")]
+    pub stop_cache_key_increment_when_overlimit: bool,
+    /// Files naming one domain merge their descriptors instead of being an error.
+    #[arg(long, env = "MERGE_DOMAIN_CONFIG")]
+    pub merge_domain_config: bool,
+    /// Every descriptor is in quota mode: the request is refused only when
+    /// all quota descriptors are over their limits.
+    #[arg(long, env = "QUOTA_MODE")]
+    pub quota_mode: bool,
+    /// Add envoyproxy/ratelimit's three headers (limit, remaining, reset
+    /// of the descriptor closest to its limit) to every answer.
+    #[arg(long, env = "LIMIT_RESPONSE_HEADERS_ENABLED")]
+    pub limit_response_headers: bool,
+    /// The limit header's name.
+    #[arg(long, env = "LIMIT_LIMIT_HEADER", default_value = "RateLimit-Limit")]
+    pub limit_limit_header: String,
+    /// The remaining header's name.
+    #[arg(
+        long,
+        env = "LIMIT_REMAINING_HEADER",
+        default_value = "RateLimit-Remaining"
+    )]
+    pub limit_remaining_header: String,
+    /// The reset header's name.
+    #[arg(long, env = "LIMIT_RESET_HEADER", default_value = "RateLimit-Reset")]
+    pub limit_reset_header: String,
 }
 
 /// `--backend`.
@@ -122,6 +158,14 @@ impl Settings {
             "--config".as_ref(),
             config.into().as_os_str(),
         ])
+    }
+
+    /// How the configuration directory is read.
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            merge_domains: self.merge_domain_config,
+            default_algorithm: self.default_algorithm,
+        }
     }
 
     /// The backend the limits are built on.

@@ -20,6 +20,8 @@ descriptors:
     rate_limit: { unit: hour, requests_per_unit: 3, algorithm: fixed_window }
   - key: closed
     rate_limit: { unit: hour, requests_per_unit: 0 }
+  - key: small
+    rate_limit: { unit: hour, requests_per_unit: 3 }
 "#;
 
 #[tokio::test]
@@ -137,6 +139,7 @@ async fn fixed_window_is_offered_per_descriptor() {
     let response = h
         .ask(request("a", vec![descriptor(&[("window", "w")])]))
         .await;
+    assert_eq!(support::code(response.overall_code), Code::OverLimit);
     // A fixed window's wait is the window's edge: within the hour.
     let wait = response.statuses[0].duration_until_reset.expect("a wait");
     assert!(wait.seconds <= 3_600, "{wait:?}");
@@ -153,7 +156,7 @@ async fn the_ietf_headers_are_added_when_enabled() {
             "a",
             vec![
                 descriptor(&[("user", "u4")]),
-                descriptor(&[("window", "w4")]),
+                descriptor(&[("small", "s4")]),
             ],
         ))
         .await;
@@ -167,10 +170,10 @@ async fn the_ietf_headers_are_added_when_enabled() {
     };
     assert_eq!(
         header("ratelimit-policy"),
-        "\"per_user\";q=5;w=3600, \"window\";q=3;w=3600"
+        "\"per_user\";q=5;w=3600, \"small\";q=3;w=3600"
     );
-    // The binding limit is the one with the fewest left: the window's 2.
-    assert!(header("ratelimit").starts_with("\"window\";r=2;t="));
+    // The binding limit is the one with the fewest left: small's 2.
+    assert!(header("ratelimit").starts_with("\"small\";r=2;t="));
 
     // Off by default.
     let dir = ConfigDir::with("a.yaml", RULES);

@@ -4,6 +4,7 @@
 mod answers;
 mod config_errors;
 mod matching;
+mod peer;
 mod redis_backend;
 mod reload;
 mod support;
