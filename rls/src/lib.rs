@@ -9,6 +9,8 @@
 //! - [`service`]: the gRPC service; [`server`]: listeners and SIGHUP;
 //! - [`window`]: envoyproxy/ratelimit's fixed windows, counted here;
 //! - [`stats`]: the Prometheus metrics; [`settings`]: flags and environment;
+//! - [`peer_env`]: envoyproxy/ratelimit's environment variables as defaults;
+//! - [`watch`]: reloads when the configuration directory changes;
 //! - [`load`]: the load test behind `benches/load.rs`.
 //!
 //! rls/README.md says how to run it and point Envoy at it.
@@ -17,11 +19,13 @@ pub mod bucket;
 pub mod config;
 pub mod engine;
 pub mod load;
+pub mod peer_env;
 pub mod rules;
 pub mod server;
 pub mod service;
 pub mod settings;
 pub mod stats;
+pub mod watch;
 pub mod window;
 
 pub use engine::Engine;

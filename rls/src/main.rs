@@ -3,12 +3,19 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use turnstile_rls::{server, Settings};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let settings = Settings::parse();
+    let settings =
+        match Settings::parse_with_peer_env(std::env::args_os(), |name| std::env::var(name).ok()) {
+            Ok(settings) => settings,
+            Err(turnstile_rls::peer_env::PeerEnvError::Args(e)) => e.exit(),
+            Err(e) => {
+                eprintln!("turnstile-rls: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
     let backend = settings.backend;
     let running = match server::start(settings).await {
         Ok(running) => running,
@@ -24,6 +31,12 @@ async fn main() -> ExitCode {
         .map(str::to_owned)
         .collect();
     domains.sort();
+    // Before the line below: whoever reads it may send SIGHUP at once.
+    #[cfg(unix)]
+    match server::reload_on_sighup(running.engine.clone()) {
+        Ok(reloads) => drop(tokio::spawn(reloads)),
+        Err(e) => eprintln!("turnstile-rls: no reloads on SIGHUP: {e}"),
+    }
     // One line on stdout with the bound addresses (ports chosen by the OS
     // when asked for 0): scripts and tests read it.
     println!(
@@ -32,8 +45,6 @@ async fn main() -> ExitCode {
         running.metrics_addr,
         domains.join(",")
     );
-    #[cfg(unix)]
-    tokio::spawn(server::reload_on_sighup(running.engine.clone()));
     let _ = tokio::signal::ctrl_c().await;
     ExitCode::SUCCESS
 }

@@ -4,6 +4,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::routing::get;
 use tokio::net::TcpListener;
@@ -118,12 +119,20 @@ pub async fn start(settings: Settings) -> Result<RunningService, StartError> {
             }
         }
     });
+    let mut tasks = vec![grpc_task, metrics_task];
+    if engine.settings().watch_interval_ms > 0 {
+        let interval = Duration::from_millis(engine.settings().watch_interval_ms);
+        tasks.push(tokio::spawn(crate::watch::reload_on_change(
+            engine.clone(),
+            interval,
+        )));
+    }
     Ok(RunningService {
         grpc_addr,
         metrics_addr,
         engine,
         stop: Some(stop),
-        tasks: vec![grpc_task, metrics_task],
+        tasks,
     })
 }
 
@@ -139,18 +148,26 @@ fn incoming(listener: TcpListener) -> TcpIncoming {
 }
 
 /// Reloads `engine`'s configuration on every SIGHUP, forever; a bad file
-/// is reported on stderr and the previous rules keep serving.
+/// is reported on stderr and the previous rules keep serving. The handler
+/// is installed before this returns, so a SIGHUP sent once the caller
+/// announces itself reloads rather than ending the process.
 #[cfg(unix)]
-pub async fn reload_on_sighup(engine: Arc<Engine>) -> io::Result<()> {
+pub fn reload_on_sighup(engine: Arc<Engine>) -> io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hangups = signal(SignalKind::hangup())?;
-    while hangups.recv().await.is_some() {
-        match engine.reload().await {
-            Ok(()) => eprintln!("turnstile-rls: configuration reloaded"),
-            Err(e) => eprintln!(
-                "turnstile-rls: reload refused, the previous configuration keeps serving: {e}"
-            ),
+    Ok(async move {
+        while hangups.recv().await.is_some() {
+            reload_and_report(&engine, "SIGHUP").await;
         }
+    })
+}
+
+/// Reloads `engine` and reports the outcome on stderr.
+pub async fn reload_and_report(engine: &Engine, why: &str) {
+    match engine.reload().await {
+        Ok(()) => eprintln!("turnstile-rls: configuration reloaded ({why})"),
+        Err(e) => eprintln!(
+            "turnstile-rls: reload refused ({why}), the previous configuration keeps serving: {e}"
+        ),
     }
-    Ok(())
 }

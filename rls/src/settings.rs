@@ -13,7 +13,9 @@ use crate::config::{Algorithm, LoadOptions};
 #[derive(Clone, Debug, Parser)]
 #[command(name = "turnstile-rls", version, about)]
 pub struct Settings {
-    /// A directory of envoyproxy/ratelimit YAML files (one domain each), or one file.
+    /// A directory of envoyproxy/ratelimit YAML files (one domain each), or
+    /// one file (envoyproxy/ratelimit's variables give
+    /// `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY` by default).
     #[arg(long, env = "TURNSTILE_RLS_CONFIG")]
     pub config: PathBuf,
     /// Where the gRPC services (rate limit, health) listen.
@@ -101,6 +103,10 @@ pub struct Settings {
     /// The reset header's name.
     #[arg(long, env = "LIMIT_RESET_HEADER", default_value = "RateLimit-Reset")]
     pub limit_reset_header: String,
+    /// How often the configuration directory is checked for changes, in
+    /// milliseconds (a change reloads it, as SIGHUP does); 0: never.
+    #[arg(long, env = "TURNSTILE_RLS_WATCH_INTERVAL_MS", default_value_t = 1000)]
+    pub watch_interval_ms: u64,
 }
 
 /// `--backend`.

@@ -3,6 +3,7 @@
 
 mod answers;
 mod config_errors;
+mod deploy;
 mod matching;
 mod peer;
 mod redis_backend;
