@@ -75,8 +75,9 @@ struct Figures {
     over: bool,
     /// `limit_remaining`.
     remaining: u32,
-    /// `duration_until_reset`.
-    until_reset: Duration,
+    /// `duration_until_reset`; `None` for a cost above the limit itself,
+    /// which no wait lets through (so no wait is advised).
+    until_reset: Option<Duration>,
     /// The use of the limit before and after this request's hits (the
     /// peer's `limitBeforeIncrease` and `limitAfterIncrease`), which its
     /// near and over statistics are counted from.
@@ -94,7 +95,7 @@ impl Figures {
         Figures {
             over,
             remaining: if over { 0 } else { (rpu - count.after) as u32 },
-            until_reset: count.until_reset,
+            until_reset: Some(count.until_reset),
             before: count.before,
             after: count.after,
             decision: None,
@@ -121,7 +122,7 @@ impl Figures {
             } else {
                 u32::try_from(left).unwrap_or(u32::MAX)
             },
-            until_reset: outcome.until_reset(limit.unit.duration()),
+            until_reset: (hits <= rpu).then(|| outcome.until_reset(limit.unit.duration())),
             before,
             after,
             decision: outcome.decision,
@@ -350,14 +351,15 @@ impl Engine {
                     "{domain}.override_{}_per_{}",
                     limit.requests_per_unit, limit.unit
                 );
-                let bucket =
-                    match Bucket::build(&limit, &self.settings.backend_settings(), &name).await {
-                        Ok(bucket) => Arc::new(bucket),
-                        Err(e) => {
-                            eprintln!("turnstile-rls: cannot serve the limit override {name}: {e}");
-                            return None;
-                        }
-                    };
+                let bucket = match Bucket::build(&limit, &self.settings.backend_settings(), &name)
+                    .await
+                {
+                    Ok(bucket) => Arc::new(bucket),
+                    Err(e) => {
+                        tracing::warn!(limit = %name, error = %e, "cannot serve a limit override: no limit applied");
+                        return None;
+                    }
+                };
                 let rule = Arc::new(Rule {
                     domain: domain.to_owned(),
                     path: name.clone(),
@@ -482,7 +484,7 @@ impl Engine {
                             unit: limit.unit.proto(),
                         }),
                         limit_remaining: figures.remaining,
-                        duration_until_reset: Some(proto_duration(figures.until_reset)),
+                        duration_until_reset: figures.until_reset.map(proto_duration),
                         ..Default::default()
                     }
                 }
@@ -501,10 +503,6 @@ impl Engine {
                 value,
                 ..Default::default()
             };
-            let reset = status
-                .duration_until_reset
-                .as_ref()
-                .map_or(0, |d| d.seconds + i64::from(d.nanos > 0));
             let limit = status
                 .current_limit
                 .as_ref()
@@ -515,9 +513,15 @@ impl Engine {
                     &self.settings.limit_remaining_header,
                     status.limit_remaining.to_string(),
                 ),
-                header(&self.settings.limit_reset_header, reset.to_string()),
             ];
             response.response_headers_to_add.extend(trio);
+            // No reset for a cost no wait lets through.
+            if let Some(d) = &status.duration_until_reset {
+                let reset = d.seconds + i64::from(d.nanos > 0);
+                response
+                    .response_headers_to_add
+                    .push(header(&self.settings.limit_reset_header, reset.to_string()));
+            }
         }
         if self.settings.shadow_mode && over {
             response.overall_code = Code::Ok as i32;
@@ -531,7 +535,7 @@ impl Engine {
 /// binding one: the first refusal, else the fewest requests left), written
 /// by the library's own header code.
 fn ietf_headers(verdicts: &[Verdict]) -> Vec<HeaderValue> {
-    let mut policies: Vec<(String, Quota, Decision, bool)> = Vec::new();
+    let mut policies: Vec<(String, Quota, Decision, &Figures)> = Vec::new();
     for verdict in verdicts {
         if let Verdict::Decided {
             matched,
@@ -548,13 +552,13 @@ fn ietf_headers(verdicts: &[Verdict]) -> Vec<HeaderValue> {
                 .name
                 .clone()
                 .unwrap_or_else(|| matched.rule.path.clone());
-            policies.push((name, quota, decision, !figures.over));
+            policies.push((name, quota, decision, figures));
         }
     }
     let binding = policies
         .iter()
-        .position(|p| !p.3)
-        .or_else(|| (0..policies.len()).min_by_key(|&i| policies[i].2.remaining()));
+        .position(|p| p.3.over)
+        .or_else(|| (0..policies.len()).min_by_key(|&i| policies[i].3.remaining));
     let Some(binding) = binding else {
         return Vec::new();
     };
@@ -566,16 +570,50 @@ fn ietf_headers(verdicts: &[Verdict]) -> Vec<HeaderValue> {
     else {
         return Vec::new();
     };
+    let figures = policies[binding].3;
     headers
         .iter()
         .filter_map(|(name, value)| {
+            let mut value = value.to_str().ok()?.to_owned();
+            if name == "ratelimit" {
+                // The status's own figures, so header and status agree: the
+                // library writes the decision's, whose reset is the time
+                // until the bucket is full, not the status's wait.
+                value = binding_field(&value, figures);
+            }
             Some(HeaderValue {
                 key: name.as_str().to_owned(),
-                value: value.to_str().ok()?.to_owned(),
+                value,
                 ..Default::default()
             })
         })
         .collect()
+}
+
+/// The `RateLimit` field `"name";r=R[;t=T]` from the status's figures,
+/// keeping the library's quoted name (its structured-field string, whose
+/// `\"` and `\\` escapes may hide a `"` or `;`).
+fn binding_field(library_field: &str, figures: &Figures) -> String {
+    let mut end = library_field.len();
+    let mut escaped = false;
+    for (i, c) in library_field.char_indices().skip(1) {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            '"' => {
+                end = i + 1;
+                break;
+            }
+            _ => {}
+        }
+    }
+    let name = &library_field[..end];
+    let mut field = format!("{name};r={}", figures.remaining);
+    if let Some(wait) = figures.until_reset {
+        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        field.push_str(&format!(";t={secs}"));
+    }
+    field
 }
 
 fn proto_duration(d: Duration) -> ProtoDuration {

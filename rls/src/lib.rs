@@ -11,6 +11,7 @@
 //! - [`stats`]: the Prometheus metrics; [`settings`]: flags and environment;
 //! - [`peer_env`]: envoyproxy/ratelimit's environment variables as defaults;
 //! - [`watch`]: reloads when the configuration directory changes;
+//! - [`logging`]: the `tracing` log, text or JSON; [`redis_health`]: Redis lost and back, in it;
 //! - [`load`]: the load test behind `benches/load.rs`.
 //!
 //! rls/README.md says how to run it and point Envoy at it.
@@ -19,7 +20,9 @@ pub mod bucket;
 pub mod config;
 pub mod engine;
 pub mod load;
+pub mod logging;
 pub mod peer_env;
+pub mod redis_health;
 pub mod rules;
 pub mod server;
 pub mod service;

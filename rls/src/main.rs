@@ -16,11 +16,15 @@ async fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+    if let Err(e) = turnstile_rls::logging::init(&settings.log_level, &settings.log_format) {
+        eprintln!("turnstile-rls: {e}");
+        return ExitCode::FAILURE;
+    }
     let backend = settings.backend;
     let running = match server::start(settings).await {
         Ok(running) => running,
         Err(e) => {
-            eprintln!("turnstile-rls: {e}");
+            tracing::error!(error = %e, "turnstile-rls cannot start");
             return ExitCode::FAILURE;
         }
     };
@@ -35,7 +39,7 @@ async fn main() -> ExitCode {
     #[cfg(unix)]
     match server::reload_on_sighup(running.engine.clone()) {
         Ok(reloads) => drop(tokio::spawn(reloads)),
-        Err(e) => eprintln!("turnstile-rls: no reloads on SIGHUP: {e}"),
+        Err(e) => tracing::warn!(error = %e, "no reloads on SIGHUP"),
     }
     // One line on stdout with the bound addresses (ports chosen by the OS
     // when asked for 0): scripts and tests read it.
@@ -44,6 +48,13 @@ async fn main() -> ExitCode {
         running.grpc_addr,
         running.metrics_addr,
         domains.join(",")
+    );
+    tracing::info!(
+        grpc = %running.grpc_addr,
+        metrics = %running.metrics_addr,
+        backend = ?backend,
+        domains = %domains.join(","),
+        "turnstile-rls serving"
     );
     let _ = tokio::signal::ctrl_c().await;
     ExitCode::SUCCESS

@@ -110,6 +110,12 @@ fn peer_defaults(
             }),
         }
     }
+    if let Some(level) = var("LOG_LEVEL") {
+        out.push(("log_level", level));
+    }
+    if let Some(format) = var("LOG_FORMAT") {
+        out.push(("log_format", format));
+    }
     if let Some(value) = var("SHADOW_MODE") {
         out.push(("shadow_mode", go_bool("SHADOW_MODE", value)?));
     }

@@ -100,7 +100,7 @@ pub async fn start(settings: Settings) -> Result<RunningService, StartError> {
                 })
                 .await;
             if let Err(e) = result {
-                eprintln!("turnstile-rls: the gRPC server stopped: {e}");
+                tracing::error!(error = %e, "the gRPC server stopped");
             }
         }
     });
@@ -115,11 +115,17 @@ pub async fn start(settings: Settings) -> Result<RunningService, StartError> {
                 }),
             );
             if let Err(e) = axum::serve(metrics, app).await {
-                eprintln!("turnstile-rls: the metrics server stopped: {e}");
+                tracing::error!(error = %e, "the metrics server stopped");
             }
         }
     });
     let mut tasks = vec![grpc_task, metrics_task];
+    if engine.settings().backend == crate::settings::BackendName::Redis {
+        tasks.push(tokio::spawn(crate::redis_health::log_redis_health(
+            engine.clone(),
+            Duration::from_secs(1),
+        )));
+    }
     if engine.settings().watch_interval_ms > 0 {
         let interval = Duration::from_millis(engine.settings().watch_interval_ms);
         tasks.push(tokio::spawn(crate::watch::reload_on_change(
@@ -162,12 +168,14 @@ pub fn reload_on_sighup(engine: Arc<Engine>) -> io::Result<impl std::future::Fut
     })
 }
 
-/// Reloads `engine` and reports the outcome on stderr.
+/// Reloads `engine` and logs the outcome.
 pub async fn reload_and_report(engine: &Engine, why: &str) {
     match engine.reload().await {
-        Ok(()) => eprintln!("turnstile-rls: configuration reloaded ({why})"),
-        Err(e) => eprintln!(
-            "turnstile-rls: reload refused ({why}), the previous configuration keeps serving: {e}"
+        Ok(()) => tracing::info!(trigger = why, "configuration reloaded"),
+        Err(e) => tracing::error!(
+            trigger = why,
+            error = %e,
+            "reload refused, the previous configuration keeps serving"
         ),
     }
 }

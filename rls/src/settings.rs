@@ -107,6 +107,13 @@ pub struct Settings {
     /// milliseconds (a change reloads it, as SIGHUP does); 0: never.
     #[arg(long, env = "TURNSTILE_RLS_WATCH_INTERVAL_MS", default_value_t = 1000)]
     pub watch_interval_ms: u64,
+    /// The least severe log events written: trace, debug, info, warn,
+    /// error (envoyproxy/ratelimit's `LOG_LEVEL` names).
+    #[arg(long, env = "TURNSTILE_RLS_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+    /// `text` or `json` (one object a line).
+    #[arg(long, env = "TURNSTILE_RLS_LOG_FORMAT", default_value = "text")]
+    pub log_format: String,
 }
 
 /// `--backend`.

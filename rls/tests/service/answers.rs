@@ -246,3 +246,44 @@ async fn the_grpc_health_service_reports_serving() {
         .expect_err("an unknown name is not served");
     assert_eq!(unknown.code(), tonic::Code::NotFound);
 }
+
+#[tokio::test]
+async fn status_and_header_say_the_same_and_an_impossible_cost_gets_no_wait() {
+    let dir = ConfigDir::with("a.yaml", RULES);
+    let mut settings = settings(&dir);
+    settings.response_headers = true;
+    settings.limit_response_headers = true;
+    let mut h = start(settings).await;
+    let field = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse,
+                 name: &str| {
+        r.response_headers_to_add
+            .iter()
+            .find(|h| h.key.eq_ignore_ascii_case(name))
+            .map(|h| h.value.clone())
+    };
+    // A cost of 6 on 5 an hour can never pass: over, nothing left, no wait.
+    let mut huge = request("a", vec![descriptor(&[("user", "u9")])]);
+    huge.hits_addend = 6;
+    let never = h.ask(huge).await;
+    assert_eq!(support::code(never.overall_code), Code::OverLimit);
+    assert_eq!(never.statuses[0].limit_remaining, 0);
+    assert_eq!(never.statuses[0].duration_until_reset, None);
+    assert_eq!(
+        field(&never, "ratelimit").as_deref(),
+        Some("\"per_user\";r=0")
+    );
+    assert_eq!(field(&never, "RateLimit-Reset"), None);
+
+    // A plain refusal: the header's t is the status's wait, rounded up.
+    assert_eq!(h.admitted("a", &[("user", "u10")], 5).await, 5);
+    let refused = h
+        .ask(request("a", vec![descriptor(&[("user", "u10")])]))
+        .await;
+    let wait = refused.statuses[0].duration_until_reset.expect("a wait");
+    let secs = wait.seconds + i64::from(wait.nanos > 0);
+    assert_eq!(
+        field(&refused, "ratelimit"),
+        Some(format!("\"per_user\";r=0;t={secs}"))
+    );
+    assert_eq!(field(&refused, "RateLimit-Reset"), Some(secs.to_string()));
+}

@@ -181,3 +181,33 @@ fn the_command_starts_from_a_peers_environment_alone() {
         "{line}"
     );
 }
+
+#[test]
+fn log_format_json_writes_one_object_a_line() {
+    let dir = ConfigDir::with("w.yaml", V1);
+    let mut child = support::command(&dir)
+        .env("LOG_FORMAT", "json")
+        .env("LOG_LEVEL", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start turnstile-rls");
+    let mut line = String::new();
+    let read = BufReader::new(child.stderr.take().expect("stderr")).read_line(&mut line);
+    let _ = child.kill();
+    let _ = child.wait();
+    read.expect("a log line");
+    assert!(
+        line.starts_with('{') && line.trim_end().ends_with('}'),
+        "{line}"
+    );
+    assert!(line.contains("\"level\":\"INFO\""), "{line}");
+    assert!(line.contains("turnstile-rls serving"), "{line}");
+
+    let quiet = support::command(&dir)
+        .env("LOG_LEVEL", "loud")
+        .output()
+        .expect("run turnstile-rls");
+    assert!(!quiet.status.success(), "an unknown level is refused");
+    assert!(String::from_utf8_lossy(&quiet.stderr).contains("unknown log level"));
+}

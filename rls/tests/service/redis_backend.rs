@@ -6,6 +6,8 @@ use crate::support;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use support::{settings, start, ConfigDir, Harness};
+use turnstile_rls::bucket::Bucket;
+use turnstile_rls::redis_health::{RedisEvent, RedisHealth};
 use turnstile_rls::settings::{BackendName, FailurePolicyName};
 use turnstile_test_kit::redis_server::RedisServer;
 
@@ -58,6 +60,18 @@ async fn fixed_window_needs_the_in_process_backend() {
     assert!(error.to_string().contains("in-process backend"), "{error}");
 }
 
+/// The Redis limit's metrics.
+fn redis_metrics(h: &Harness) -> turnstile_rl::redis::MetricsSnapshot {
+    let rules = h.service.engine.rules().rules();
+    rules
+        .iter()
+        .find_map(|r| match r.bucket.as_deref() {
+            Some(Bucket::Redis(l)) => Some(l.metrics()),
+            _ => None,
+        })
+        .expect("a Redis limit")
+}
+
 /// Spends one of the 3, kills Redis, then sends 4 more.
 async fn codes_after_a_kill(policy: FailurePolicyName) -> Vec<Code> {
     let mut redis = RedisServer::start().expect("redis-server");
@@ -68,8 +82,13 @@ async fn codes_after_a_kill(policy: FailurePolicyName) -> Vec<Code> {
         1,
         "Redis decides"
     );
+    let mut health = RedisHealth::default();
+    assert!(health.observe(redis_metrics(&h)).is_empty(), "healthy");
     redis.kill();
-    h.codes("r", &[("user", "u")], 4).await
+    let codes = h.codes("r", &[("user", "u")], 4).await;
+    let events = health.observe(redis_metrics(&h));
+    assert_eq!(events.first(), Some(&RedisEvent::Lost), "{events:?}");
+    codes
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
