@@ -15,9 +15,8 @@ use crate::settings::{BackendSettings, FailurePolicyName};
 pub enum Bucket {
     /// In-process GCRA.
     Gcra(KeyedLimiter<String>),
-    /// In-process fixed window, envoyproxy/ratelimit's: counted in the
-    /// engine's [`WindowCounters`](crate::window::WindowCounters), which
-    /// see all of a request's descriptors at once.
+    /// A fixed window, envoyproxy/ratelimit's: counted by the engine, in
+    /// this process or in Redis, all of a request's windows at once.
     Window,
     /// GCRA in Redis, shared by every instance of the service.
     Redis(RedisLimiter),
@@ -63,10 +62,7 @@ impl Bucket {
         id: &str,
     ) -> Result<Bucket, String> {
         if limit.algorithm == Algorithm::FixedWindow {
-            return match backend {
-                BackendSettings::InProcess { .. } => Ok(Bucket::Window),
-                BackendSettings::Redis(_) => Err("`algorithm: fixed_window` needs the in-process backend: the Redis backend runs GCRA only".into()),
-            };
+            return Ok(Bucket::Window);
         }
         if limit.requests_per_unit == 0 {
             return Ok(Bucket::DenyAll);

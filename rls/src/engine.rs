@@ -18,8 +18,9 @@ use turnstile_rl::{Decision, Quota};
 
 use crate::bucket::{quota, Bucket, Outcome};
 use crate::config::{ConfigError, ConfigSet, Limit, Unit};
+use crate::redis_windows::{RedisWindowSettings, RedisWindows};
 use crate::rules::{push_part, push_path, push_window_part, window_key_start, Match, Rule, Rules};
-use crate::settings::Settings;
+use crate::settings::{BackendSettings, Settings};
 use crate::stats::{DescriptorStats, ServiceStats};
 use crate::window::{WindowCount, WindowCounters, WindowHit};
 
@@ -36,9 +37,9 @@ pub struct Engine {
     /// one per domain and limit, built on first use and kept across reloads
     /// (they are not part of the configuration).
     overrides: RwLock<HashMap<(String, Limit), Arc<Rule>>>,
-    /// Every fixed-window limit's counters (kept across reloads, as the
+    /// Every fixed-window limit's counts (kept across reloads, as the
     /// peer's are in Redis).
-    windows: WindowCounters,
+    windows: Windows,
 }
 
 /// Why a request was refused outright (gRPC `INVALID_ARGUMENT`).
@@ -130,6 +131,13 @@ impl Figures {
     }
 }
 
+/// Where fixed windows are counted.
+#[derive(Debug)]
+enum Windows {
+    Local(WindowCounters),
+    Redis(RedisWindows),
+}
+
 /// How one descriptor will be decided, once all are known.
 enum Step {
     Done(Verdict),
@@ -141,7 +149,30 @@ impl Engine {
     /// Loads the configuration named in `settings` and builds its buckets.
     pub async fn start(settings: Settings) -> Result<Engine, ConfigError> {
         let stats = ServiceStats::new();
-        let settings_max_keys = settings.max_keys;
+        let windows = match settings.backend_settings() {
+            BackendSettings::InProcess { max_keys } => {
+                Windows::Local(WindowCounters::new(max_keys))
+            }
+            BackendSettings::Redis(redis) => Windows::Redis(
+                RedisWindows::new(RedisWindowSettings {
+                    url: redis.url,
+                    prefix: settings.cache_key_prefix.clone(),
+                    jitter_max_secs: settings.expiration_jitter_max_seconds,
+                    timeout: redis.timeout,
+                    policy: redis.failure_policy,
+                    max_keys: redis.max_keys,
+                })
+                .map_err(|e| ConfigError::Unservable {
+                    path: settings.config.clone(),
+                    domain: String::new(),
+                    descriptor: String::new(),
+                    message: format!(
+                        "fixed windows cannot use Redis at {}: {e}",
+                        settings.redis_url
+                    ),
+                })?,
+            ),
+        };
         let config = ConfigSet::load(&settings.config, settings.load_options())?;
         let rules = Rules::build(&config, &settings.backend_settings(), &stats, None).await?;
         stats.config_load_success.increment(1);
@@ -151,7 +182,7 @@ impl Engine {
             stats,
             reloading: tokio::sync::Mutex::new(()),
             overrides: RwLock::default(),
-            windows: WindowCounters::new(settings_max_keys),
+            windows,
         })
     }
 
@@ -285,13 +316,12 @@ impl Engine {
             }
         }
         // Every window of the request at once, as the peer's one pipeline.
-        let mut counts = self
-            .windows
-            .count(
-                &window_hits,
-                self.settings.stop_cache_key_increment_when_overlimit,
-            )
-            .into_iter();
+        let stop = self.settings.stop_cache_key_increment_when_overlimit;
+        let mut counts = match &self.windows {
+            Windows::Local(counters) => counters.count(&window_hits, stop),
+            Windows::Redis(redis) => redis.count(&window_hits, stop).await,
+        }
+        .into_iter();
         let mut verdicts = Vec::with_capacity(steps.len());
         for step in steps {
             let (matched, limit, hits, figures) = match step {

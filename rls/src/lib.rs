@@ -7,7 +7,7 @@
 //! - [`bucket`]: one limit's state, in-process (`KeyedLimiter`) or in Redis;
 //! - [`engine`]: the live rules, reloads, and the answer to a request;
 //! - [`service`]: the gRPC service; [`server`]: listeners and SIGHUP;
-//! - [`window`]: envoyproxy/ratelimit's fixed windows, counted here;
+//! - [`window`], [`redis_windows`]: envoyproxy/ratelimit's fixed windows, here or in Redis;
 //! - [`stats`]: the Prometheus metrics; [`settings`]: flags and environment;
 //! - [`peer_env`]: envoyproxy/ratelimit's environment variables as defaults;
 //! - [`watch`]: reloads when the configuration directory changes;
@@ -23,6 +23,7 @@ pub mod load;
 pub mod logging;
 pub mod peer_env;
 pub mod redis_health;
+pub mod redis_windows;
 pub mod rules;
 pub mod server;
 pub mod service;

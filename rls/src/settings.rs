@@ -107,6 +107,14 @@ pub struct Settings {
     /// milliseconds (a change reloads it, as SIGHUP does); 0: never.
     #[arg(long, env = "TURNSTILE_RLS_WATCH_INTERVAL_MS", default_value_t = 1000)]
     pub watch_interval_ms: u64,
+    /// Fixed windows in Redis: the prefix of every key (the peer's
+    /// `CACHE_KEY_PREFIX`; keys are then the peer's own).
+    #[arg(long, env = "CACHE_KEY_PREFIX", default_value = "")]
+    pub cache_key_prefix: String,
+    /// Fixed windows in Redis: each key expires a window's length plus a
+    /// random part of up to this many seconds.
+    #[arg(long, env = "EXPIRATION_JITTER_MAX_SECONDS", default_value_t = 300)]
+    pub expiration_jitter_max_seconds: u64,
     /// The least severe log events written: trace, debug, info, warn,
     /// error (envoyproxy/ratelimit's `LOG_LEVEL` names).
     #[arg(long, env = "TURNSTILE_RLS_LOG_LEVEL", default_value = "info")]

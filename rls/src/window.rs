@@ -57,6 +57,34 @@ pub struct WindowCount {
     pub until_reset: Duration,
 }
 
+impl WindowCount {
+    /// The count of `hit` that reads `after` at `now`.
+    pub fn at(hit: &WindowHit, after: u64, now: u64) -> WindowCount {
+        WindowCount {
+            before: after.wrapping_sub(hit.hits),
+            after,
+            until_reset: Duration::from_secs(hit.length - now % hit.length),
+        }
+    }
+}
+
+/// What each descriptor is charged under `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`,
+/// given the counts before the request (the peer's `getHitsAddend`): all
+/// its hits, unless another descriptor of the request would go over and
+/// this one would not.
+pub(crate) fn charges(hits: &[WindowHit], current: &[u64]) -> Vec<u64> {
+    let over: Vec<bool> = hits
+        .iter()
+        .zip(current)
+        .map(|(h, c)| c + h.hits > h.limit)
+        .collect();
+    let any_over = over.iter().any(|o| *o);
+    hits.iter()
+        .zip(&over)
+        .map(|(h, &o)| if !any_over || o { h.hits } else { 0 })
+        .collect()
+}
+
 impl WindowCounters {
     /// Counters for at most about `max_keys` keys (expired windows are
     /// dropped first when a shard is full, then arbitrary ones).
@@ -73,28 +101,14 @@ impl WindowCounters {
     pub fn count(&self, hits: &[WindowHit], stop_when_over: bool) -> Vec<WindowCount> {
         let now = unix_now();
         let adds: Vec<u64> = if stop_when_over {
-            let over: Vec<bool> = hits
-                .iter()
-                .map(|h| self.add(h, 0, now) + h.hits > h.limit)
-                .collect();
-            let any_over = over.iter().any(|o| *o);
-            hits.iter()
-                .zip(&over)
-                .map(|(h, &o)| if !any_over || o { h.hits } else { 0 })
-                .collect()
+            let current: Vec<u64> = hits.iter().map(|h| self.add(h, 0, now)).collect();
+            charges(hits, &current)
         } else {
             hits.iter().map(|h| h.hits).collect()
         };
         hits.iter()
             .zip(adds)
-            .map(|(h, add)| {
-                let after = self.add(h, add, now);
-                WindowCount {
-                    before: after.wrapping_sub(h.hits),
-                    after,
-                    until_reset: Duration::from_secs(h.length - now % h.length),
-                }
-            })
+            .map(|(h, add)| WindowCount::at(h, self.add(h, add, now), now))
             .collect()
     }
 
@@ -137,7 +151,8 @@ impl WindowCounters {
     }
 }
 
-fn unix_now() -> u64 {
+/// Unix seconds now.
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
