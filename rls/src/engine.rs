@@ -19,7 +19,9 @@ use turnstile_rl::{Decision, Quota};
 use crate::bucket::{quota, Bucket, Outcome};
 use crate::config::{ConfigError, ConfigSet, Limit, Unit};
 use crate::redis_windows::{RedisWindowSettings, RedisWindows};
-use crate::rules::{push_part, push_path, push_window_part, window_key_start, Match, Rule, Rules};
+use crate::rules::{
+    push_part, push_path, push_window_part, window_key_start, Buckets, Match, Rule, Rules,
+};
 use crate::settings::{BackendSettings, Settings};
 use crate::stats::{DescriptorStats, ServiceStats};
 use crate::window::{WindowCount, WindowCounters, WindowHit};
@@ -131,6 +133,38 @@ impl Figures {
     }
 }
 
+/// `config`'s rules, with the bucket of every limit of `previous` whose
+/// site and limit are unchanged (so a reload keeps their state) and new
+/// ones built on `backend` for the others.
+async fn build_rules(
+    config: &ConfigSet,
+    backend: &BackendSettings,
+    stats: &ServiceStats,
+    previous: Option<&Rules>,
+) -> Result<Rules, ConfigError> {
+    let mut buckets = Buckets::new();
+    for site in Rules::limit_sites(config) {
+        let bucket = match previous.and_then(|p| p.bucket_at(&site.site, &site.limit)) {
+            Some(bucket) => bucket,
+            None => {
+                let id = format!("{}.{}", site.site.0, site.path);
+                Arc::new(
+                    Bucket::build(&site.limit, backend, &id)
+                        .await
+                        .map_err(|message| ConfigError::Unservable {
+                            path: site.file.clone(),
+                            domain: site.site.0.clone(),
+                            descriptor: site.path.clone(),
+                            message,
+                        })?,
+                )
+            }
+        };
+        buckets.insert(site.site, bucket);
+    }
+    Rules::build(config, stats, &buckets)
+}
+
 /// Where fixed windows are counted.
 #[derive(Debug)]
 enum Windows {
@@ -174,7 +208,7 @@ impl Engine {
             ),
         };
         let config = ConfigSet::load(&settings.config, settings.load_options())?;
-        let rules = Rules::build(&config, &settings.backend_settings(), &stats, None).await?;
+        let rules = build_rules(&config, &settings.backend_settings(), &stats, None).await?;
         stats.config_load_success.increment(1);
         Ok(Engine {
             settings,
@@ -194,7 +228,7 @@ impl Engine {
         let result = async {
             let config = ConfigSet::load(&self.settings.config, self.settings.load_options())?;
             let previous = self.rules.load_full();
-            Rules::build(
+            build_rules(
                 &config,
                 &self.settings.backend_settings(),
                 &self.stats,
@@ -233,7 +267,13 @@ impl Engine {
 
     /// The `/metrics` text.
     pub fn render_metrics(&self) -> String {
-        self.stats.render(&self.rules())
+        let limits: Vec<(String, Arc<Bucket>)> = self
+            .rules()
+            .rules()
+            .into_iter()
+            .filter_map(|r| Some((format!("{}.{}", r.domain, r.path), r.bucket.clone()?)))
+            .collect();
+        self.stats.render(&limits)
     }
 
     /// Answers one `ShouldRateLimit` request, as envoyproxy/ratelimit does.

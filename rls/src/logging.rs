@@ -35,7 +35,12 @@ pub fn init(level_name: &str, format: &str) -> Result<(), LogSettingError> {
     let builder = tracing_subscriber::fmt()
         .with_max_level(level)
         .with_writer(std::io::stderr)
-        .with_ansi(false);
+        .with_ansi(false)
+        // A closed stderr must not stop the service: by default the
+        // subscriber reports a failed write with `eprintln!`, which panics
+        // when stderr itself is the failure (seen when a supervisor closed
+        // the pipe: the process exited 101 at its next event).
+        .log_internal_errors(false);
     let _ = match format.to_ascii_lowercase().as_str() {
         "text" => builder.try_init(),
         "json" => builder.json().try_init(),
