@@ -1,12 +1,20 @@
 //! The load test of `ShouldRateLimit` over loopback, client and service in
-//! one process on the same machine: the in-process backend, then Redis (a
-//! server started here, when `redis-server` is on PATH).
+//! one process on the same machine: first an empty tonic service answering
+//! OK with no work (the floor the engine cannot beat), then the in-process
+//! backend, then Redis (a server started here, when `redis-server` is on
+//! PATH): GCRA, one script call per decision, and the peer's fixed windows,
+//! one pipeline per request.
 //!
 //! ```sh
 //! cargo bench -p turnstile-rls --bench load            # defaults below
 //! RLS_LOAD_REQUESTS=400000 cargo bench -p turnstile-rls --bench load
 //! ```
 
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use turnstile_rls::config::Algorithm;
 use turnstile_rls::load::{run, LoadPlan};
 use turnstile_rls::settings::BackendName;
 use turnstile_rls::Settings;
@@ -23,6 +31,35 @@ fn env(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// `ShouldRateLimit` answering OK with no work.
+struct Empty;
+
+#[tonic::async_trait]
+impl RateLimitService for Empty {
+    async fn should_rate_limit(
+        &self,
+        _: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        Ok(tonic::Response::new(RateLimitResponse::default()))
+    }
+}
+
+/// Serves [`Empty`] on a loopback port, as the service serves (no delay).
+async fn empty_service() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RateLimitServiceServer::new(Empty))
+            .serve_with_incoming(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            ),
+    );
+    addr
 }
 
 fn main() {
@@ -71,9 +108,24 @@ fn main() {
             println!("{label:<11} {report}");
         })
     };
+    runtime.block_on(async {
+        let addr = empty_service().await;
+        let warm = LoadPlan {
+            requests: plan.requests / 10,
+            ..plan.clone()
+        };
+        let _ = run(addr, &warm).await;
+        let report = run(addr, &plan).await.expect("load");
+        println!("{:<11} {report}", "empty");
+    });
     measure("in-process", settings(BackendName::Memory, None));
     match turnstile_test_kit::redis_server::RedisServer::start() {
-        Ok(redis) => measure("redis", settings(BackendName::Redis, Some(redis.url()))),
+        Ok(redis) => {
+            measure("redis", settings(BackendName::Redis, Some(redis.url())));
+            let mut windows = settings(BackendName::Redis, Some(redis.url()));
+            windows.default_algorithm = Algorithm::FixedWindow;
+            measure("redis-fixed", windows);
+        }
         Err(_) => println!("redis       skipped: no redis-server on PATH"),
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -2,9 +2,8 @@
 
 use std::time::Duration;
 
-use turnstile_rl::algorithms::FixedWindow;
 use turnstile_rl::redis::{FailurePolicy, RedisLimiter};
-use turnstile_rl::{Clock, Decision, DefaultClock, KeyedLimiter, Quota};
+use turnstile_rl::{Clock, Decision, KeyedLimiter, Quota};
 
 use crate::config::{Algorithm, Limit};
 use crate::settings::{BackendSettings, FailurePolicyName};
@@ -16,8 +15,9 @@ use crate::settings::{BackendSettings, FailurePolicyName};
 pub enum Bucket {
     /// In-process GCRA.
     Gcra(KeyedLimiter<String>),
-    /// In-process fixed window.
-    FixedWindow(KeyedLimiter<String, DefaultClock, FixedWindow>),
+    /// A fixed window, envoyproxy/ratelimit's: counted by the engine, in
+    /// this process or in Redis, all of a request's windows at once.
+    Window,
     /// GCRA in Redis, shared by every instance of the service.
     Redis(RedisLimiter),
     /// `requests_per_unit: 0`: every request is over the limit.
@@ -39,7 +39,7 @@ impl Outcome {
     /// Requests of cost 1 left.
     pub fn remaining(&self) -> u64 {
         // A look's decision counts the hit it did not take: one more left.
-        let taken_by_look = u64::from(self.looked && self.allowed);
+        let taken_by_look = u64::from(self.looked && self.decision.is_some_and(|d| d.is_allowed()));
         self.decision.map_or(0, |d| d.remaining() + taken_by_look)
     }
 
@@ -61,27 +61,18 @@ impl Bucket {
         backend: &BackendSettings,
         id: &str,
     ) -> Result<Bucket, String> {
+        if limit.algorithm == Algorithm::FixedWindow {
+            return Ok(Bucket::Window);
+        }
         if limit.requests_per_unit == 0 {
             return Ok(Bucket::DenyAll);
         }
         let quota = quota(limit)?;
         match backend {
-            BackendSettings::InProcess { max_keys } => match limit.algorithm {
-                Algorithm::Gcra => Ok(Bucket::Gcra(
-                    KeyedLimiter::builder(quota).max_keys(*max_keys).build(),
-                )),
-                Algorithm::FixedWindow => Ok(Bucket::FixedWindow(
-                    KeyedLimiter::builder(quota)
-                        .algorithm_for::<FixedWindow>()
-                        .map_err(|e| e.to_string())?
-                        .max_keys(*max_keys)
-                        .build(),
-                )),
-            },
+            BackendSettings::InProcess { max_keys } => Ok(Bucket::Gcra(
+                KeyedLimiter::builder(quota).max_keys(*max_keys).build(),
+            )),
             BackendSettings::Redis(redis) => {
-                if limit.algorithm != Algorithm::Gcra {
-                    return Err("`algorithm: fixed_window` needs the in-process backend: the Redis backend runs GCRA only".into());
-                }
                 let policy = match redis.failure_policy {
                     FailurePolicyName::Open => FailurePolicy::FailOpen,
                     FailurePolicyName::Closed => FailurePolicy::FailClosed,
@@ -109,13 +100,13 @@ impl Bucket {
     /// fit: it is over the limit, and takes nothing.
     pub async fn decide(&self, key: &str, cost: u64) -> Outcome {
         match self {
-            Bucket::DenyAll => Outcome {
+            // The engine counts windows; a window is never asked here.
+            Bucket::Window | Bucket::DenyAll => Outcome {
                 allowed: false,
                 decision: None,
                 looked: false,
             },
             Bucket::Gcra(l) => decide_local(l, key, cost),
-            Bucket::FixedWindow(l) => decide_local(l, key, cost),
             Bucket::Redis(l) => {
                 let fits = cost <= l.quota().burst_size();
                 let result = if cost == 0 || !fits {
@@ -127,7 +118,7 @@ impl Bucket {
                     Ok(d) => Outcome {
                         allowed: d.is_allowed() && fits,
                         decision: Some(d),
-                        looked: cost == 0,
+                        looked: cost == 0 || !fits,
                     },
                     // Only a bad key gets here, and the service never
                     // builds an empty one: refuse, as failing closed would.
@@ -145,7 +136,6 @@ impl Bucket {
     pub fn stats(&self) -> Option<turnstile_rl::Stats> {
         match self {
             Bucket::Gcra(l) => Some(l.stats()),
-            Bucket::FixedWindow(l) => Some(l.stats()),
             _ => None,
         }
     }
@@ -167,7 +157,7 @@ fn decide_local<C: Clock, A: turnstile_rl::Algorithm>(
                 return Outcome {
                     allowed: false,
                     decision: Some(limiter.peek(key)),
-                    looked: false,
+                    looked: true,
                 }
             }
         }

@@ -18,6 +18,17 @@ pub use model::{
     Algorithm, DescriptorConfig, DomainConfig, Limit, RateLimitConfig, Replaces, Unit,
 };
 
+/// How a directory is read: the service's settings that change a load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// envoyproxy/ratelimit's `MERGE_DOMAIN_CONFIG`: files naming one
+    /// domain add their top-level descriptors to it (a key and value
+    /// repeated across them is still a duplicate), rather than being an error.
+    pub merge_domains: bool,
+    /// The algorithm of limits whose file names none.
+    pub default_algorithm: Algorithm,
+}
+
 /// Every domain of a configuration directory, checked, in file-name order.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ConfigSet {
@@ -28,7 +39,7 @@ pub struct ConfigSet {
 impl ConfigSet {
     /// Loads `path`: a directory (every `*.yaml` and `*.yml` file in it,
     /// not recursing, dot files skipped) or a single file.
-    pub fn load(path: &Path) -> Result<ConfigSet, ConfigError> {
+    pub fn load(path: &Path, options: LoadOptions) -> Result<ConfigSet, ConfigError> {
         let files = config_files(path)?;
         let mut set = ConfigSet::default();
         for file in files {
@@ -36,17 +47,52 @@ impl ConfigSet {
                 path: file.clone(),
                 source,
             })?;
-            let domain = DomainConfig::parse(&file, &text)?;
-            if let Some((first, _)) = set.domains.iter().find(|(_, d)| d.domain == domain.domain) {
+            let mut domain = DomainConfig::parse(&file, &text)?;
+            default_algorithm(&mut domain.descriptors, options.default_algorithm);
+            let Some((first, earlier)) = set
+                .domains
+                .iter_mut()
+                .find(|(_, d)| d.domain == domain.domain)
+            else {
+                set.domains.push((file, domain));
+                continue;
+            };
+            if !options.merge_domains {
                 return Err(ConfigError::DuplicateDomain {
                     path: file,
                     domain: domain.domain,
                     first: first.clone(),
                 });
             }
-            set.domains.push((file, domain));
+            for descriptor in domain.descriptors {
+                let key = descriptor.composite_key();
+                if earlier.descriptors.iter().any(|d| d.composite_key() == key) {
+                    return Err(ConfigError::Unservable {
+                        path: file,
+                        domain: domain.domain,
+                        descriptor: key,
+                        message: format!(
+                            "duplicate descriptor: {} configures it in this domain already (MERGE_DOMAIN_CONFIG merges domains, not descriptors)",
+                            first.display()
+                        ),
+                    });
+                }
+                earlier.descriptors.push(descriptor);
+            }
         }
         Ok(set)
+    }
+}
+
+/// Gives every limit that names no algorithm `algorithm`.
+fn default_algorithm(descriptors: &mut [DescriptorConfig], algorithm: Algorithm) {
+    for descriptor in descriptors {
+        if let Some(rate_limit) = descriptor.rate_limit.as_mut() {
+            if let (Some(limit), None) = (rate_limit.limit.as_mut(), rate_limit.algorithm) {
+                limit.algorithm = algorithm;
+            }
+        }
+        default_algorithm(&mut descriptor.descriptors, algorithm);
     }
 }
 

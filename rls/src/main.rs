@@ -3,17 +3,28 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use turnstile_rls::{server, Settings};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let settings = Settings::parse();
+    let settings =
+        match Settings::parse_with_peer_env(std::env::args_os(), |name| std::env::var(name).ok()) {
+            Ok(settings) => settings,
+            Err(turnstile_rls::peer_env::PeerEnvError::Args(e)) => e.exit(),
+            Err(e) => {
+                eprintln!("turnstile-rls: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+    if let Err(e) = turnstile_rls::logging::init(&settings.log_level, &settings.log_format) {
+        eprintln!("turnstile-rls: {e}");
+        return ExitCode::FAILURE;
+    }
     let backend = settings.backend;
     let running = match server::start(settings).await {
         Ok(running) => running,
         Err(e) => {
-            eprintln!("turnstile-rls: {e}");
+            tracing::error!(error = %e, "turnstile-rls cannot start");
             return ExitCode::FAILURE;
         }
     };
@@ -24,6 +35,12 @@ async fn main() -> ExitCode {
         .map(str::to_owned)
         .collect();
     domains.sort();
+    // Before the line below: whoever reads it may send SIGHUP at once.
+    #[cfg(unix)]
+    match server::reload_on_sighup(running.engine.clone()) {
+        Ok(reloads) => drop(tokio::spawn(reloads)),
+        Err(e) => tracing::warn!(error = %e, "no reloads on SIGHUP"),
+    }
     // One line on stdout with the bound addresses (ports chosen by the OS
     // when asked for 0): scripts and tests read it.
     println!(
@@ -32,8 +49,13 @@ async fn main() -> ExitCode {
         running.metrics_addr,
         domains.join(",")
     );
-    #[cfg(unix)]
-    tokio::spawn(server::reload_on_sighup(running.engine.clone()));
+    tracing::info!(
+        grpc = %running.grpc_addr,
+        metrics = %running.metrics_addr,
+        backend = ?backend,
+        domains = %domains.join(","),
+        "turnstile-rls serving"
+    );
     let _ = tokio::signal::ctrl_c().await;
     ExitCode::SUCCESS
 }

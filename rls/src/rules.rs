@@ -10,14 +10,13 @@
 //! no limit, and the walk stops early when a node has no children.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 
 use crate::bucket::Bucket;
 use crate::config::{ConfigError, ConfigSet, DescriptorConfig, Limit};
-use crate::settings::BackendSettings;
 use crate::stats::{DescriptorStats, ServiceStats};
 
 /// Every domain's compiled tree.
@@ -44,6 +43,8 @@ pub struct Rule {
     pub shadow_mode: bool,
     /// `detailed_metric`.
     pub detailed_metric: bool,
+    /// `quota_mode`.
+    pub quota_mode: bool,
     /// The buckets (`None` for `unlimited`).
     pub bucket: Option<Arc<Bucket>>,
     /// The counters of [`path`](Rule::path).
@@ -115,17 +116,74 @@ pub struct Match {
     /// The statistics' path when it is not the rule's own
     /// (`detailed_metric`, `value_to_metric`).
     pub stat_path: Option<String>,
+    /// envoyproxy/ratelimit's cache key without its window:
+    /// `domain_key1_value1_key2_value2_` (a shared wildcard's pattern in
+    /// place of the value), for fixed windows.
+    pub window_key: String,
 }
 
+/// Where a limit sits: its domain and the composite keys (`key` or
+/// `key_value`) from the domain's top level down to it. Keys, not the
+/// dotted path: keys and values may hold dots.
+pub type Site = (String, Vec<String>);
+
+/// A configured limit and where it sits, for the backend to build its
+/// buckets before [`Rules::build`].
+#[derive(Clone, Debug)]
+pub struct LimitSite {
+    /// The file that configures it.
+    pub file: PathBuf,
+    /// Its domain and trail.
+    pub site: Site,
+    /// The dotted path (`key_value.key`), for names and errors.
+    pub path: String,
+    /// The limit.
+    pub limit: Limit,
+}
+
+/// The buckets of a configuration's limits, by site.
+pub type Buckets = HashMap<Site, Arc<Bucket>>;
+
 impl Rules {
-    /// Compiles `config`, reusing the bucket of every limit of `previous`
-    /// whose domain, path and limit are unchanged (so a reload keeps their
-    /// state), and building the others on `backend`.
-    pub async fn build(
+    /// Every limit `config` configures (not `unlimited` ones), in file order.
+    pub fn limit_sites(config: &ConfigSet) -> Vec<LimitSite> {
+        fn walk(
+            file: &Path,
+            domain: &str,
+            descriptors: &[DescriptorConfig],
+            prefix: &str,
+            trail: &[String],
+            out: &mut Vec<LimitSite>,
+        ) {
+            for descriptor in descriptors {
+                let composite = descriptor.composite_key();
+                let path = join_path(prefix, &composite);
+                let mut here = trail.to_vec();
+                here.push(composite);
+                if let Some(limit) = descriptor.rate_limit.as_ref().and_then(|r| r.limit) {
+                    out.push(LimitSite {
+                        file: file.to_path_buf(),
+                        site: (domain.to_owned(), here.clone()),
+                        path: path.clone(),
+                        limit,
+                    });
+                }
+                walk(file, domain, &descriptor.descriptors, &path, &here, out);
+            }
+        }
+        let mut out = Vec::new();
+        for (file, domain) in &config.domains {
+            walk(file, &domain.domain, &domain.descriptors, "", &[], &mut out);
+        }
+        out
+    }
+
+    /// Compiles `config` with the `buckets` built for its
+    /// [`limit_sites`](Rules::limit_sites): plain data, no I/O.
+    pub fn build(
         config: &ConfigSet,
-        backend: &BackendSettings,
         stats: &ServiceStats,
-        previous: Option<&Rules>,
+        buckets: &Buckets,
     ) -> Result<Rules, ConfigError> {
         let mut domains = HashMap::new();
         for (file, domain) in &config.domains {
@@ -133,16 +191,26 @@ impl Rules {
             let builder = Builder {
                 file,
                 domain: &domain.domain,
-                backend,
                 stats,
-                previous: previous.and_then(|p| p.domains.get(&domain.domain)),
+                buckets,
             };
-            builder
-                .children(&mut root, &domain.descriptors, "", &[])
-                .await?;
+            builder.children(&mut root, &domain.descriptors, "", &[])?;
             domains.insert(domain.domain.clone(), root);
         }
         Ok(Rules { domains })
+    }
+
+    /// The bucket of the limit at `site`, if it is `limit` exactly (a
+    /// reload keeps it, and so its state).
+    pub fn bucket_at(&self, site: &Site, limit: &Limit) -> Option<Arc<Bucket>> {
+        let mut node = self.domains.get(&site.0)?;
+        for part in &site.1 {
+            node = node.children.get(part)?;
+        }
+        let rule = node.rule.as_ref()?;
+        (rule.limit.as_ref() == Some(limit))
+            .then(|| rule.bucket.clone())
+            .flatten()
     }
 
     /// The limit for one request descriptor of `domain`, if any.
@@ -152,6 +220,7 @@ impl Rules {
         let mut detailed = String::new();
         let mut valued = String::new();
         let mut bucket_key = String::new();
+        let mut window_key = window_key_start(domain);
         for (i, entry) in entries.iter().enumerate() {
             let composite = format!("{}_{}", entry.key, entry.value);
             let mut next = node.children.get(&composite);
@@ -173,6 +242,7 @@ impl Rules {
                 .filter(|_| child.share_threshold)
                 .map(|w| w.value.as_str());
             push_part(&mut bucket_key, shared.unwrap_or(&entry.value));
+            push_window_part(&mut window_key, &entry.key, shared.unwrap_or(&entry.value));
             let metric_value = match (wildcard, shared) {
                 (_, Some(pattern)) => Some(pattern),
                 (Some(_), None) if child.value_to_metric => Some(entry.value.as_str()),
@@ -204,7 +274,13 @@ impl Rules {
             rule,
             bucket_key,
             stat_path,
+            window_key,
         })
+    }
+
+    /// Whether `domain` is configured.
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
     }
 
     /// Every configured limit, for the gauges.
@@ -235,6 +311,19 @@ pub(crate) fn push_part(key: &mut String, value: &str) {
     let _ = write!(key, "{}:{value}", value.len());
 }
 
+/// The start of envoyproxy/ratelimit's cache key: `domain_`.
+pub(crate) fn window_key_start(domain: &str) -> String {
+    format!("{domain}_")
+}
+
+/// Appends one entry to envoyproxy/ratelimit's cache key: `key_value_`.
+pub(crate) fn push_window_part(key: &mut String, entry_key: &str, value: &str) {
+    key.push_str(entry_key);
+    key.push('_');
+    key.push_str(value);
+    key.push('_');
+}
+
 /// Appends `key` or `key_value` to a dotted statistics path.
 pub(crate) fn push_path(path: &mut String, key: &str, value: Option<&str>) {
     if !path.is_empty() {
@@ -247,78 +336,78 @@ pub(crate) fn push_path(path: &mut String, key: &str, value: Option<&str>) {
     }
 }
 
+fn join_path(prefix: &str, composite: &str) -> String {
+    if prefix.is_empty() {
+        composite.to_owned()
+    } else {
+        format!("{prefix}.{composite}")
+    }
+}
+
 struct Builder<'a> {
     file: &'a Path,
     domain: &'a str,
-    backend: &'a BackendSettings,
     stats: &'a ServiceStats,
-    previous: Option<&'a Node>,
+    buckets: &'a Buckets,
 }
 
 impl Builder<'_> {
     /// Compiles `descriptors` into `node`'s children; `prefix` is the
     /// node's path (empty at the top).
-    fn children<'s>(
-        &'s self,
-        node: &'s mut Node,
-        descriptors: &'s [DescriptorConfig],
-        prefix: &'s str,
-        trail: &'s [String],
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ConfigError>> + Send + 's>>
-    {
-        Box::pin(async move {
-            for descriptor in descriptors {
-                let composite = descriptor.composite_key();
-                let path = if prefix.is_empty() {
-                    composite.clone()
-                } else {
-                    format!("{prefix}.{composite}")
-                };
-                let mut child = Node {
-                    value_to_metric: descriptor.value_to_metric,
-                    share_threshold: descriptor.share_threshold,
-                    ..Node::default()
-                };
-                let mut here = trail.to_vec();
-                here.push(composite.clone());
-                if let Some(rate_limit) = &descriptor.rate_limit {
-                    child.rule = Some(Arc::new(
-                        self.rule(descriptor, rate_limit, &path, &here).await?,
-                    ));
-                }
-                self.children(&mut child, &descriptor.descriptors, &path, &here)
-                    .await?;
-                if let Some(value) = descriptor.value.as_deref().filter(|v| v.contains('*')) {
-                    node.wildcards.push(Wildcard::new(&composite, value));
-                }
-                node.children.insert(composite, child);
+    fn children(
+        &self,
+        node: &mut Node,
+        descriptors: &[DescriptorConfig],
+        prefix: &str,
+        trail: &[String],
+    ) -> Result<(), ConfigError> {
+        for descriptor in descriptors {
+            let composite = descriptor.composite_key();
+            let path = join_path(prefix, &composite);
+            let mut child = Node {
+                value_to_metric: descriptor.value_to_metric,
+                share_threshold: descriptor.share_threshold,
+                ..Node::default()
+            };
+            let mut here = trail.to_vec();
+            here.push(composite.clone());
+            if let Some(rate_limit) = &descriptor.rate_limit {
+                child.rule = Some(Arc::new(self.rule(
+                    descriptor,
+                    rate_limit,
+                    &path,
+                    here.clone(),
+                )?));
             }
-            Ok(())
-        })
+            self.children(&mut child, &descriptor.descriptors, &path, &here)?;
+            if let Some(value) = descriptor.value.as_deref().filter(|v| v.contains('*')) {
+                node.wildcards.push(Wildcard::new(&composite, value));
+            }
+            node.children.insert(composite, child);
+        }
+        Ok(())
     }
 
-    async fn rule(
+    fn rule(
         &self,
         descriptor: &DescriptorConfig,
         rate_limit: &crate::config::RateLimitConfig,
         path: &str,
-        trail: &[String],
+        trail: Vec<String>,
     ) -> Result<Rule, ConfigError> {
         let bucket = match &rate_limit.limit {
             None => None,
-            Some(limit) => Some(match self.previous_bucket(trail, limit) {
-                Some(bucket) => bucket,
-                None => Arc::new(
-                    Bucket::build(limit, self.backend, &format!("{}.{path}", self.domain))
-                        .await
-                        .map_err(|message| ConfigError::Unservable {
-                            path: self.file.to_path_buf(),
-                            domain: self.domain.to_owned(),
-                            descriptor: path.to_owned(),
-                            message,
-                        })?,
-                ),
-            }),
+            Some(_) => Some(
+                self.buckets
+                    .get(&(self.domain.to_owned(), trail))
+                    .cloned()
+                    .ok_or_else(|| ConfigError::Unservable {
+                        path: self.file.to_path_buf(),
+                        domain: self.domain.to_owned(),
+                        descriptor: path.to_owned(),
+                        message: "no bucket was built for this limit".into(),
+                    })?,
+            ),
         };
         Ok(Rule {
             domain: self.domain.to_owned(),
@@ -328,23 +417,10 @@ impl Builder<'_> {
             replaces: rate_limit.replaces.clone(),
             shadow_mode: descriptor.shadow_mode,
             detailed_metric: descriptor.detailed_metric,
+            quota_mode: descriptor.quota_mode,
             bucket,
             stats: self.stats.descriptor(self.domain, path),
         })
-    }
-
-    /// The previous configuration's bucket at `trail`, if its limit is
-    /// `limit` exactly.
-    fn previous_bucket(&self, trail: &[String], limit: &Limit) -> Option<Arc<Bucket>> {
-        let mut node = self.previous?;
-        // Composites, not the dotted path: keys and values may hold dots.
-        for part in trail {
-            node = node.children.get(part)?;
-        }
-        let rule = node.rule.as_ref()?;
-        (rule.limit.as_ref() == Some(limit))
-            .then(|| rule.bucket.clone())
-            .flatten()
     }
 }
 

@@ -4,6 +4,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::routing::get;
 use tokio::net::TcpListener;
@@ -82,6 +83,11 @@ pub async fn start(settings: Settings) -> Result<RunningService, StartError> {
     health_reporter
         .set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<RateLimitGrpc>>()
         .await;
+    // envoyproxy/ratelimit registers its health under this name: probes
+    // written for it (Kubernetes' `grpc: { service: ratelimit }`) ask for it.
+    health_reporter
+        .set_service_status(PEER_HEALTH_NAME, tonic_health::ServingStatus::Serving)
+        .await;
     let (stop, stopped) = oneshot::channel::<()>();
     let grpc_task = tokio::spawn({
         let engine = engine.clone();
@@ -89,12 +95,12 @@ pub async fn start(settings: Settings) -> Result<RunningService, StartError> {
             let result = Server::builder()
                 .add_service(health)
                 .add_service(RateLimitGrpc::server(engine))
-                .serve_with_incoming_shutdown(TcpIncoming::from(grpc), async {
+                .serve_with_incoming_shutdown(incoming(grpc), async {
                     let _ = stopped.await;
                 })
                 .await;
             if let Err(e) = result {
-                eprintln!("turnstile-rls: the gRPC server stopped: {e}");
+                tracing::error!(error = %e, "the gRPC server stopped");
             }
         }
     });
@@ -109,32 +115,67 @@ pub async fn start(settings: Settings) -> Result<RunningService, StartError> {
                 }),
             );
             if let Err(e) = axum::serve(metrics, app).await {
-                eprintln!("turnstile-rls: the metrics server stopped: {e}");
+                tracing::error!(error = %e, "the metrics server stopped");
             }
         }
     });
+    let mut tasks = vec![grpc_task, metrics_task];
+    if engine.settings().backend == crate::settings::BackendName::Redis {
+        tasks.push(tokio::spawn(crate::redis_health::log_redis_health(
+            engine.clone(),
+            Duration::from_secs(1),
+        )));
+    }
+    if engine.settings().watch_interval_ms > 0 {
+        let interval = Duration::from_millis(engine.settings().watch_interval_ms);
+        tasks.push(tokio::spawn(crate::watch::reload_on_change(
+            engine.clone(),
+            interval,
+        )));
+    }
     Ok(RunningService {
         grpc_addr,
         metrics_addr,
         engine,
         stop: Some(stop),
-        tasks: vec![grpc_task, metrics_task],
+        tasks,
     })
 }
 
+/// The health service name envoyproxy/ratelimit serves.
+pub const PEER_HEALTH_NAME: &str = "ratelimit";
+
+/// The accepted gRPC connections, with Nagle's algorithm off: tonic's
+/// `From<TcpListener>` leaves `nodelay` unset (the builder's `tcp_nodelay`
+/// applies only to listeners it binds), and a small answer then waits for
+/// the client's delayed ACK, about 40 ms, whenever one is in flight.
+fn incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
 /// Reloads `engine`'s configuration on every SIGHUP, forever; a bad file
-/// is reported on stderr and the previous rules keep serving.
+/// is reported on stderr and the previous rules keep serving. The handler
+/// is installed before this returns, so a SIGHUP sent once the caller
+/// announces itself reloads rather than ending the process.
 #[cfg(unix)]
-pub async fn reload_on_sighup(engine: Arc<Engine>) -> io::Result<()> {
+pub fn reload_on_sighup(engine: Arc<Engine>) -> io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hangups = signal(SignalKind::hangup())?;
-    while hangups.recv().await.is_some() {
-        match engine.reload().await {
-            Ok(()) => eprintln!("turnstile-rls: configuration reloaded"),
-            Err(e) => eprintln!(
-                "turnstile-rls: reload refused, the previous configuration keeps serving: {e}"
-            ),
+    Ok(async move {
+        while hangups.recv().await.is_some() {
+            reload_and_report(&engine, "SIGHUP").await;
         }
+    })
+}
+
+/// Reloads `engine` and logs the outcome.
+pub async fn reload_and_report(engine: &Engine, why: &str) {
+    match engine.reload().await {
+        Ok(()) => tracing::info!(trigger = why, "configuration reloaded"),
+        Err(e) => tracing::error!(
+            trigger = why,
+            error = %e,
+            "reload refused, the previous configuration keeps serving"
+        ),
     }
-    Ok(())
 }

@@ -7,11 +7,15 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+use crate::config::{Algorithm, LoadOptions};
+
 /// `turnstile-rls`: a rate limit service for Envoy.
 #[derive(Clone, Debug, Parser)]
 #[command(name = "turnstile-rls", version, about)]
 pub struct Settings {
-    /// A directory of envoyproxy/ratelimit YAML files (one domain each), or one file.
+    /// A directory of envoyproxy/ratelimit YAML files (one domain each), or
+    /// one file (envoyproxy/ratelimit's variables give
+    /// `RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY` by default).
     #[arg(long, env = "TURNSTILE_RLS_CONFIG")]
     pub config: PathBuf,
     /// Where the gRPC services (rate limit, health) listen.
@@ -65,6 +69,59 @@ pub struct Settings {
     /// The share of a limit past which hits count as `near_limit`.
     #[arg(long, env = "TURNSTILE_RLS_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
     pub near_limit_ratio: f64,
+    /// The algorithm of limits that name none: `gcra` (refills evenly; a
+    /// refused request costs nothing) or `fixed_window` (envoyproxy/ratelimit's
+    /// numbers exactly).
+    #[arg(long, env = "TURNSTILE_RLS_DEFAULT_ALGORITHM", value_enum, default_value_t = Algorithm::Gcra)]
+    pub default_algorithm: Algorithm,
+    /// Fixed windows: when a descriptor of a request goes over, the others
+    /// of that request are not charged (envoyproxy/ratelimit's setting; by
+    /// default every hit counts, refused or not).
+    #[arg(long, env = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")]
+    pub stop_cache_key_increment_when_overlimit: bool,
+    /// Files naming one domain merge their descriptors instead of being an error.
+    #[arg(long, env = "MERGE_DOMAIN_CONFIG")]
+    pub merge_domain_config: bool,
+    /// Every descriptor is in quota mode: the request is refused only when
+    /// all quota descriptors are over their limits.
+    #[arg(long, env = "QUOTA_MODE")]
+    pub quota_mode: bool,
+    /// Add envoyproxy/ratelimit's three headers (limit, remaining, reset
+    /// of the descriptor closest to its limit) to every answer.
+    #[arg(long, env = "LIMIT_RESPONSE_HEADERS_ENABLED")]
+    pub limit_response_headers: bool,
+    /// The limit header's name.
+    #[arg(long, env = "LIMIT_LIMIT_HEADER", default_value = "RateLimit-Limit")]
+    pub limit_limit_header: String,
+    /// The remaining header's name.
+    #[arg(
+        long,
+        env = "LIMIT_REMAINING_HEADER",
+        default_value = "RateLimit-Remaining"
+    )]
+    pub limit_remaining_header: String,
+    /// The reset header's name.
+    #[arg(long, env = "LIMIT_RESET_HEADER", default_value = "RateLimit-Reset")]
+    pub limit_reset_header: String,
+    /// How often the configuration directory is checked for changes, in
+    /// milliseconds (a change reloads it, as SIGHUP does); 0: never.
+    #[arg(long, env = "TURNSTILE_RLS_WATCH_INTERVAL_MS", default_value_t = 1000)]
+    pub watch_interval_ms: u64,
+    /// Fixed windows in Redis: the prefix of every key (the peer's
+    /// `CACHE_KEY_PREFIX`; keys are then the peer's own).
+    #[arg(long, env = "CACHE_KEY_PREFIX", default_value = "")]
+    pub cache_key_prefix: String,
+    /// Fixed windows in Redis: each key expires a window's length plus a
+    /// random part of up to this many seconds.
+    #[arg(long, env = "EXPIRATION_JITTER_MAX_SECONDS", default_value_t = 300)]
+    pub expiration_jitter_max_seconds: u64,
+    /// The least severe log events written: trace, debug, info, warn,
+    /// error (envoyproxy/ratelimit's `LOG_LEVEL` names).
+    #[arg(long, env = "TURNSTILE_RLS_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+    /// `text` or `json` (one object a line).
+    #[arg(long, env = "TURNSTILE_RLS_LOG_FORMAT", default_value = "text")]
+    pub log_format: String,
 }
 
 /// `--backend`.
@@ -122,6 +179,14 @@ impl Settings {
             "--config".as_ref(),
             config.into().as_os_str(),
         ])
+    }
+
+    /// How the configuration directory is read.
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            merge_domains: self.merge_domain_config,
+            default_algorithm: self.default_algorithm,
+        }
     }
 
     /// The backend the limits are built on.

@@ -14,7 +14,6 @@ use metrics::{Counter, Key, Label, Metadata, Recorder};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 
 use crate::bucket::Bucket;
-use crate::rules::Rules;
 
 const TARGET: &str = "turnstile_rls";
 
@@ -95,20 +94,18 @@ impl ServiceStats {
         }
     }
 
-    /// The text of `/metrics`: the counters, and the gauges of `rules`'
-    /// limits read now.
-    pub fn render(&self, rules: &Rules) -> String {
-        for rule in rules.rules() {
-            let name = format!("{}.{}", rule.domain, rule.path);
-            match rule.bucket.as_deref() {
-                Some(Bucket::Redis(limiter)) => self.redis_gauges(&name, limiter),
-                Some(bucket) => {
+    /// The text of `/metrics`: the counters, and the gauges of `limits`
+    /// (each named `domain.path`) read now.
+    pub fn render(&self, limits: &[(String, Arc<Bucket>)]) -> String {
+        for (name, bucket) in limits {
+            match &**bucket {
+                Bucket::Redis(limiter) => self.redis_gauges(name, limiter),
+                bucket => {
                     if let Some(stats) = bucket.stats() {
                         // The engine's own export, into this service's recorder.
-                        metrics::with_local_recorder(&*self.recorder, || stats.record(&name));
+                        metrics::with_local_recorder(&*self.recorder, || stats.record(name));
                     }
                 }
-                None => {}
             }
         }
         self.recorder.handle().render()

@@ -73,6 +73,9 @@ pub struct DescriptorConfig {
     pub value_to_metric: bool,
     /// Every value matching this wildcard shares one bucket.
     pub share_threshold: bool,
+    /// Over this limit refuses the request only when every quota-mode
+    /// descriptor of it is over (envoyproxy/ratelimit's `quota_mode`).
+    pub quota_mode: bool,
 }
 
 impl DescriptorConfig {
@@ -104,11 +107,13 @@ struct RawDescriptor {
     value_to_metric: bool,
     #[serde(default)]
     share_threshold: bool,
-    // Accepted keys of envoyproxy/ratelimit that turnstile-rls refuses with
-    // a reason rather than ignores (ignoring would change decisions).
     #[serde(default)]
-    quota_mode: Option<serde_norway::Value>,
+    quota_mode: bool,
+    // Accepted as envoyproxy/ratelimit accepts it; it only feeds the
+    // peer's RESPONSE_DYNAMIC_METADATA, which is not served, so it changes
+    // no decision.
     #[serde(default)]
+    #[allow(dead_code)]
     metadata: Option<serde_norway::Value>,
 }
 
@@ -117,18 +122,6 @@ impl TryFrom<RawDescriptor> for DescriptorConfig {
     fn try_from(raw: RawDescriptor) -> Result<Self, String> {
         if raw.key.is_empty() {
             return Err("descriptor has an empty or missing `key`".into());
-        }
-        if raw.quota_mode.is_some() {
-            return Err(format!(
-                "descriptor `{}`: `quota_mode` is not supported by turnstile-rls (its quota buckets are not implemented; remove the key)",
-                raw.key
-            ));
-        }
-        if raw.metadata.is_some() {
-            return Err(format!(
-                "descriptor `{}`: `metadata` is not supported by turnstile-rls (no dynamic metadata in answers; remove the key)",
-                raw.key
-            ));
         }
         // An empty value is no value, as in envoyproxy/ratelimit.
         let value = raw.value.filter(|v| !v.is_empty());
@@ -147,6 +140,7 @@ impl TryFrom<RawDescriptor> for DescriptorConfig {
             detailed_metric: raw.detailed_metric,
             value_to_metric: raw.value_to_metric,
             share_threshold: raw.share_threshold,
+            quota_mode: raw.quota_mode,
         })
     }
 }
@@ -196,6 +190,10 @@ pub struct RateLimitConfig {
     pub name: Option<String>,
     /// The names of the limits this one replaces when both match.
     pub replaces: Vec<String>,
+    /// The `algorithm` the file names, if any ([`Limit::algorithm`] is
+    /// GCRA until [`ConfigSet::load`](super::ConfigSet::load) applies the
+    /// service's default to the limits that name none).
+    pub algorithm: Option<Algorithm>,
 }
 
 /// `requests_per_unit` per `unit`, decided by `algorithm`.
@@ -271,6 +269,7 @@ impl TryFrom<RawRateLimit> for RateLimitConfig {
             limit,
             name,
             replaces,
+            algorithm: raw.algorithm,
         })
     }
 }
@@ -381,7 +380,7 @@ impl<'de> Deserialize<'de> for Unit {
 }
 
 /// How a limit spreads its requests.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Algorithm {
     /// GCRA (the default): a bucket of `requests_per_unit` that refills
@@ -389,6 +388,8 @@ pub enum Algorithm {
     #[default]
     Gcra,
     /// envoyproxy/ratelimit's fixed window: `requests_per_unit` per
-    /// window, all back at the window's edge (in-process backend only).
+    /// window aligned to the Unix clock, counted as the peer counts
+    /// (in-process backend only).
+    #[value(name = "fixed_window")]
     FixedWindow,
 }

@@ -20,6 +20,8 @@ descriptors:
     rate_limit: { unit: hour, requests_per_unit: 3, algorithm: fixed_window }
   - key: closed
     rate_limit: { unit: hour, requests_per_unit: 0 }
+  - key: small
+    rate_limit: { unit: hour, requests_per_unit: 3 }
 "#;
 
 #[tokio::test]
@@ -137,6 +139,7 @@ async fn fixed_window_is_offered_per_descriptor() {
     let response = h
         .ask(request("a", vec![descriptor(&[("window", "w")])]))
         .await;
+    assert_eq!(support::code(response.overall_code), Code::OverLimit);
     // A fixed window's wait is the window's edge: within the hour.
     let wait = response.statuses[0].duration_until_reset.expect("a wait");
     assert!(wait.seconds <= 3_600, "{wait:?}");
@@ -153,7 +156,7 @@ async fn the_ietf_headers_are_added_when_enabled() {
             "a",
             vec![
                 descriptor(&[("user", "u4")]),
-                descriptor(&[("window", "w4")]),
+                descriptor(&[("small", "s4")]),
             ],
         ))
         .await;
@@ -167,10 +170,10 @@ async fn the_ietf_headers_are_added_when_enabled() {
     };
     assert_eq!(
         header("ratelimit-policy"),
-        "\"per_user\";q=5;w=3600, \"window\";q=3;w=3600"
+        "\"per_user\";q=5;w=3600, \"small\";q=3;w=3600"
     );
-    // The binding limit is the one with the fewest left: the window's 2.
-    assert!(header("ratelimit").starts_with("\"window\";r=2;t="));
+    // The binding limit is the one with the fewest left: small's 2.
+    assert!(header("ratelimit").starts_with("\"small\";r=2;t="));
 
     // Off by default.
     let dir = ConfigDir::with("a.yaml", RULES);
@@ -217,7 +220,12 @@ async fn the_grpc_health_service_reports_serving() {
         .await
         .expect("connect");
     let mut health = HealthClient::new(channel);
-    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+    // "ratelimit": envoyproxy/ratelimit's name, which probes written for it ask.
+    for service in [
+        "",
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "ratelimit",
+    ] {
         let answer = health
             .check(HealthCheckRequest {
                 service: service.into(),
@@ -230,4 +238,52 @@ async fn the_grpc_health_service_reports_serving() {
             "{service:?}"
         );
     }
+    let unknown = health
+        .check(HealthCheckRequest {
+            service: "no-such-service".into(),
+        })
+        .await
+        .expect_err("an unknown name is not served");
+    assert_eq!(unknown.code(), tonic::Code::NotFound);
+}
+
+#[tokio::test]
+async fn status_and_header_say_the_same_and_an_impossible_cost_gets_no_wait() {
+    let dir = ConfigDir::with("a.yaml", RULES);
+    let mut settings = settings(&dir);
+    settings.response_headers = true;
+    settings.limit_response_headers = true;
+    let mut h = start(settings).await;
+    let field = |r: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse,
+                 name: &str| {
+        r.response_headers_to_add
+            .iter()
+            .find(|h| h.key.eq_ignore_ascii_case(name))
+            .map(|h| h.value.clone())
+    };
+    // A cost of 6 on 5 an hour can never pass: over, nothing left, no wait.
+    let mut huge = request("a", vec![descriptor(&[("user", "u9")])]);
+    huge.hits_addend = 6;
+    let never = h.ask(huge).await;
+    assert_eq!(support::code(never.overall_code), Code::OverLimit);
+    assert_eq!(never.statuses[0].limit_remaining, 0);
+    assert_eq!(never.statuses[0].duration_until_reset, None);
+    assert_eq!(
+        field(&never, "ratelimit").as_deref(),
+        Some("\"per_user\";r=0")
+    );
+    assert_eq!(field(&never, "RateLimit-Reset"), None);
+
+    // A plain refusal: the header's t is the status's wait, rounded up.
+    assert_eq!(h.admitted("a", &[("user", "u10")], 5).await, 5);
+    let refused = h
+        .ask(request("a", vec![descriptor(&[("user", "u10")])]))
+        .await;
+    let wait = refused.statuses[0].duration_until_reset.expect("a wait");
+    let secs = wait.seconds + i64::from(wait.nanos > 0);
+    assert_eq!(
+        field(&refused, "ratelimit"),
+        Some(format!("\"per_user\";r=0;t={secs}"))
+    );
+    assert_eq!(field(&refused, "RateLimit-Reset"), Some(secs.to_string()));
 }

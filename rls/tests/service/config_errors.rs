@@ -4,12 +4,12 @@
 use crate::support;
 
 use support::ConfigDir;
-use turnstile_rls::config::{ConfigError, ConfigSet};
+use turnstile_rls::config::{ConfigError, ConfigSet, LoadOptions};
 
 /// Loads one file holding `yaml`; the error's text.
 fn error_of(yaml: &str) -> (ConfigError, String) {
     let dir = ConfigDir::with("bad.yaml", yaml);
-    let error = ConfigSet::load(dir.path()).expect_err("refused");
+    let error = ConfigSet::load(dir.path(), LoadOptions::default()).expect_err("refused");
     let text = error.to_string();
     assert!(text.contains("bad.yaml"), "names the file: {text}");
     (error, text)
@@ -64,8 +64,6 @@ fn duplicates_empty_keys_and_missing_domains_are_refused() {
     assert!(text.contains("empty or missing `key`"), "{text}");
     let (_, text) = error_of("descriptors: []\n");
     assert!(text.contains("no `domain`"), "{text}");
-    let (_, text) = error_of("domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n");
-    assert!(text.contains("`quota_mode` is not supported"), "{text}");
     let (_, text) = error_of("domain: [unclosed\n");
     assert!(text.contains("line"), "{text}");
 }
@@ -74,7 +72,7 @@ fn duplicates_empty_keys_and_missing_domains_are_refused() {
 fn two_files_of_one_domain_are_refused() {
     let dir = ConfigDir::with("a.yaml", "domain: d\n");
     dir.write("b.yaml", "domain: d\n");
-    let text = ConfigSet::load(dir.path())
+    let text = ConfigSet::load(dir.path(), LoadOptions::default())
         .expect_err("refused")
         .to_string();
     assert!(

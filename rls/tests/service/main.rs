@@ -3,7 +3,9 @@
 
 mod answers;
 mod config_errors;
+mod deploy;
 mod matching;
+mod peer;
 mod redis_backend;
 mod reload;
 mod support;

@@ -55,6 +55,8 @@ pub fn settings(dir: &ConfigDir) -> Settings {
     let mut settings = Settings::new(dir.path());
     settings.grpc_addr = "127.0.0.1:0".parse().expect("addr");
     settings.metrics_addr = "127.0.0.1:0".parse().expect("addr");
+    // Reloads only when a test asks (tests/service/deploy.rs turns it on).
+    settings.watch_interval_ms = 0;
     settings
 }
 
@@ -188,6 +190,8 @@ pub fn command(dir: &ConfigDir) -> std::process::Command {
         "127.0.0.1:0",
         "--metrics-addr",
         "127.0.0.1:0",
+        "--watch-interval-ms",
+        "0",
     ]);
     command
 }

@@ -1,0 +1,147 @@
+//! envoyproxy/ratelimit's environment variables, read as the defaults of
+//! this service's settings: a container or unit written for the peer
+//! works unchanged, and a flag or a `TURNSTILE_RLS_*` variable still wins.
+//!
+//! Each is turned into the value of one of [`Settings`]' arguments, with
+//! the peer's defaults (`settings.go`) for the variables it combines.
+
+use clap::{CommandFactory, FromArgMatches};
+
+use crate::settings::Settings;
+
+/// Why the peer's variables could not be read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PeerEnvError {
+    /// A variable holds a value the peer would refuse too.
+    #[error("environment variable {name}={value:?}: {expected}")]
+    Invalid {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// What it should be.
+        expected: &'static str,
+    },
+    /// The command line (or a `TURNSTILE_RLS_*` variable) is wrong.
+    #[error(transparent)]
+    Args(#[from] clap::Error),
+}
+
+impl Settings {
+    /// The settings of the command line `args`, the `TURNSTILE_RLS_*`
+    /// variables, and envoyproxy/ratelimit's variables (read with `env`)
+    /// as defaults.
+    pub fn parse_with_peer_env<I, T>(
+        args: I,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Settings, PeerEnvError>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut command = Settings::command();
+        for (arg, value) in peer_defaults(&env)? {
+            // clap keeps a default as `&'static str`; these are read once
+            // per process start.
+            let value: &'static str = Box::leak(value.into_boxed_str());
+            command = command.mut_arg(arg, |a| a.default_value(value).required(false));
+        }
+        let matches = command.try_get_matches_from(args)?;
+        Ok(Settings::from_arg_matches(&matches)?)
+    }
+}
+
+/// The peer's variables that are set, as (argument id, value).
+fn peer_defaults(
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<Vec<(&'static str, String)>, PeerEnvError> {
+    let mut out = Vec::new();
+    let var = |name: &str| env(name).filter(|v| !v.is_empty());
+    // The runtime directory: RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY.
+    let root = var("RUNTIME_ROOT").unwrap_or_else(|| "/srv/runtime_data/current".into());
+    let mut config = std::path::PathBuf::from(root);
+    if let Some(sub) = var("RUNTIME_SUBDIRECTORY") {
+        config.push(sub);
+    }
+    config.push(var("RUNTIME_APPDIRECTORY").unwrap_or_else(|| "config".into()));
+    out.push(("config", config.to_string_lossy().into_owned()));
+    // Listeners: the peer binds every interface; only when a manifest
+    // names a host or port, so a bare start stays on loopback.
+    for (arg, host, port, default_port) in [
+        ("grpc_addr", "GRPC_HOST", "GRPC_PORT", "8081"),
+        ("metrics_addr", "DEBUG_HOST", "DEBUG_PORT", "6070"),
+    ] {
+        if var(host).is_some() || var(port).is_some() {
+            let host = var(host).unwrap_or_else(|| "0.0.0.0".into());
+            let port = var(port).unwrap_or_else(|| default_port.into());
+            out.push((arg, format!("{host}:{port}")));
+        }
+    }
+    // Redis: REDIS_URL is a host:port (tcp) or a socket path (unix, the
+    // peer's default socket type); the peer's backend is Redis by default.
+    if let Some(url) = var("REDIS_URL") {
+        let socket = var("REDIS_SOCKET_TYPE").unwrap_or_else(|| "unix".into());
+        let url = match socket.to_ascii_lowercase().as_str() {
+            _ if url.contains("://") => url,
+            "tcp" => format!("redis://{url}"),
+            "unix" => format!("redis+unix://{url}"),
+            _ => {
+                return Err(PeerEnvError::Invalid {
+                    name: "REDIS_SOCKET_TYPE",
+                    value: socket,
+                    expected: "tcp or unix",
+                })
+            }
+        };
+        out.push(("redis_url", url));
+        if var("BACKEND_TYPE").is_none() {
+            out.push(("backend", "redis".into()));
+        }
+    }
+    if let Some(backend) = var("BACKEND_TYPE") {
+        match backend.as_str() {
+            "redis" => out.push(("backend", "redis".into())),
+            _ => return Err(PeerEnvError::Invalid {
+                name: "BACKEND_TYPE",
+                value: backend,
+                expected:
+                    "redis (turnstile-rls has no memcache backend; unset it for the in-process one)",
+            }),
+        }
+    }
+    if let Some(level) = var("LOG_LEVEL") {
+        out.push(("log_level", level));
+    }
+    if let Some(format) = var("LOG_FORMAT") {
+        out.push(("log_format", format));
+    }
+    if let Some(value) = var("SHADOW_MODE") {
+        out.push(("shadow_mode", go_bool("SHADOW_MODE", value)?));
+    }
+    if let Some(ratio) = var("NEAR_LIMIT_RATIO") {
+        out.push(("near_limit_ratio", ratio));
+    }
+    if let Some(value) = var("RUNTIME_WATCH_ROOT") {
+        // Either way the directory itself is polled, targets of symlinks
+        // included; read so that a bad value is refused as the peer does.
+        go_bool("RUNTIME_WATCH_ROOT", value)?;
+    }
+    if let Some(value) = var("RUNTIME_IGNOREDOTFILES") {
+        go_bool("RUNTIME_IGNOREDOTFILES", value)?;
+    }
+    Ok(out)
+}
+
+/// Go's `strconv.ParseBool`, as the peer reads its booleans.
+fn go_bool(name: &'static str, value: String) -> Result<String, PeerEnvError> {
+    match value.as_str() {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok("true".into()),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok("false".into()),
+        _ => Err(PeerEnvError::Invalid {
+            name,
+            value,
+            expected: "a boolean (true, false, 1, 0, t, f)",
+        }),
+    }
+}

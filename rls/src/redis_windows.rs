@@ -1,0 +1,150 @@
+//! envoyproxy/ratelimit's fixed windows in Redis, counted as it counts
+//! them: the same keys (`CACHE_KEY_PREFIX` + `domain_key_value_..._` + the
+//! window's start in Unix seconds), `INCRBY` then `EXPIRE` of the unit
+//! plus up to `EXPIRATION_JITTER_MAX_SECONDS`, every windowed descriptor
+//! of a request in **one pipeline** (one round trip; two with
+//! `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, whose `GET`s come first, as
+//! there). A fleet moving from the peer keeps its counts mid-window.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use crate::settings::FailurePolicyName;
+use crate::window::{charges, unix_now, WindowCount, WindowCounters, WindowHit};
+
+/// The service's fixed windows in Redis: one connection for all limits.
+pub struct RedisWindows {
+    connection: ConnectionManager,
+    prefix: String,
+    jitter_max_secs: u64,
+    timeout: Duration,
+    policy: FailurePolicyName,
+    /// The counts of `--redis-failure-policy local`.
+    local: WindowCounters,
+}
+
+impl std::fmt::Debug for RedisWindows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisWindows")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The Redis settings of fixed windows.
+#[derive(Clone, Debug)]
+pub struct RedisWindowSettings {
+    /// The server.
+    pub url: String,
+    /// `CACHE_KEY_PREFIX`.
+    pub prefix: String,
+    /// `EXPIRATION_JITTER_MAX_SECONDS`.
+    pub jitter_max_secs: u64,
+    /// One round trip's timeout.
+    pub timeout: Duration,
+    /// What a request gets when Redis cannot answer.
+    pub policy: FailurePolicyName,
+    /// The local fallback's size.
+    pub max_keys: usize,
+}
+
+impl RedisWindows {
+    /// Windows on the Redis at `settings.url`, connected on first use.
+    pub fn new(settings: RedisWindowSettings) -> Result<RedisWindows, redis::RedisError> {
+        let client = redis::Client::open(settings.url.as_str())?;
+        let connection = client.get_connection_manager_lazy(
+            ConnectionManagerConfig::new().set_response_timeout(Some(settings.timeout)),
+        )?;
+        Ok(RedisWindows {
+            connection,
+            prefix: settings.prefix,
+            jitter_max_secs: settings.jitter_max_secs,
+            timeout: settings.timeout,
+            policy: settings.policy,
+            local: WindowCounters::new(settings.max_keys),
+        })
+    }
+
+    /// Counts one request's windowed descriptors; when Redis cannot answer,
+    /// the failure policy decides (open: within, closed: over, local: this
+    /// process's counts).
+    pub async fn count(&self, hits: &[WindowHit], stop_when_over: bool) -> Vec<WindowCount> {
+        if hits.is_empty() {
+            return Vec::new();
+        }
+        let now = unix_now();
+        match tokio::time::timeout(
+            self.timeout * 2,
+            self.count_in_redis(hits, stop_when_over, now),
+        )
+        .await
+        {
+            Ok(Ok(counts)) => counts,
+            failed => {
+                let error = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "timed out".to_owned(),
+                };
+                tracing::debug!(%error, "fixed windows: Redis did not answer, the failure policy decides");
+                self.fallback(hits, stop_when_over, now)
+            }
+        }
+    }
+
+    async fn count_in_redis(
+        &self,
+        hits: &[WindowHit],
+        stop_when_over: bool,
+        now: u64,
+    ) -> redis::RedisResult<Vec<WindowCount>> {
+        let mut connection = self.connection.clone();
+        let keys: Vec<String> = hits
+            .iter()
+            .map(|h| format!("{}{}{}", self.prefix, h.key, now / h.length * h.length))
+            .collect();
+        let adds = if stop_when_over {
+            let mut gets = redis::pipe();
+            for key in &keys {
+                gets.get(key);
+            }
+            let current: Vec<Option<u64>> = gets.query_async(&mut connection).await?;
+            let current: Vec<u64> = current.into_iter().map(Option::unwrap_or_default).collect();
+            charges(hits, &current)
+        } else {
+            hits.iter().map(|h| h.hits).collect()
+        };
+        let mut pipe = redis::pipe();
+        for ((key, hit), add) in keys.iter().zip(hits).zip(&adds) {
+            let jitter = match self.jitter_max_secs {
+                0 => 0,
+                max => RandomState::new().hash_one(key) % max,
+            };
+            pipe.incr(key, *add)
+                .expire(key, (hit.length + jitter) as i64)
+                .ignore();
+        }
+        let afters: Vec<u64> = pipe.query_async(&mut connection).await?;
+        Ok(hits
+            .iter()
+            .zip(afters)
+            .map(|(hit, after)| WindowCount::at(hit, after, now))
+            .collect())
+    }
+
+    fn fallback(&self, hits: &[WindowHit], stop_when_over: bool, now: u64) -> Vec<WindowCount> {
+        match self.policy {
+            FailurePolicyName::Local => self.local.count(hits, stop_when_over),
+            FailurePolicyName::Open => hits
+                .iter()
+                .map(|h| WindowCount::at(h, h.hits.min(h.limit), now))
+                .collect(),
+            FailurePolicyName::Closed => hits
+                .iter()
+                .map(|h| WindowCount::at(h, h.limit.saturating_add(h.hits.max(1)), now))
+                .collect(),
+        }
+    }
+}
