@@ -37,12 +37,25 @@
 //! Retired tables are freed by the retiring thread's next unpin, or by any
 //! thread's unpin within [`RECLAIM_EVERY`] of its own.
 //!
+//! After a fork only the forking thread lives on in the child, with a copy
+//! of every other thread's record as it stood: one pinned at the fork
+//! would look pinned forever, and a `batches` lock held at the fork would
+//! stay held, so the child would free nothing more. On Linux a
+//! `pthread_atfork` child handler ([`fork`]) gives those records back and
+//! reinitialises that lock, so a child reclaims as any process does; its
+//! argument is in that module. On other platforms no handler is installed,
+//! and a child forked while another thread was pinned or reclaiming keeps
+//! every table it retires from then on (a child forked from a quiet
+//! process, or one that calls `exec`, is not affected).
+//!
 //! The map still uses crossbeam-epoch's `Atomic` and `Shared` for its table
 //! pointers; their guard parameter is crossbeam's unprotected guard, which
 //! only [`Guard`] hands out, so a `Shared` cannot outlive the pin it was
 //! loaded under.
 
-use std::cell::Cell;
+mod fork;
+
+use std::cell::{Cell, UnsafeCell};
 use std::marker::PhantomData;
 use std::ops::Deref;
 use std::ptr;
@@ -123,9 +136,16 @@ struct Domain {
     /// Items retired and not yet freed: what a thread's look checks.
     pending: AtomicUsize,
     /// Batches waiting for readers; `try_lock`ed, so reclaiming never
-    /// waits for another reclaimer.
-    batches: Mutex<Vec<Batch>>,
+    /// waits for another reclaimer. In a cell only so that a forked child
+    /// can reinitialise a lock that a vanished thread held (see [`fork`]);
+    /// read it through [`Domain::batches`].
+    batches: UnsafeCell<Mutex<Vec<Batch>>>,
 }
+
+// SAFETY: every field but `batches` is an atomic; `batches` is only ever
+// read as a shared `&Mutex` (`Domain::batches`), and written only by the
+// fork child handler, when no other thread exists (see [`fork`]).
+unsafe impl Sync for Domain {}
 
 impl Domain {
     #[cfg(not(turnstile_loom))]
@@ -134,7 +154,7 @@ impl Domain {
             records: AtomicPtr::new(ptr::null_mut()),
             retired: AtomicPtr::new(ptr::null_mut()),
             pending: AtomicUsize::new(0),
-            batches: Mutex::new(Vec::new()),
+            batches: UnsafeCell::new(Mutex::new(Vec::new())),
         }
     }
 
@@ -144,12 +164,20 @@ impl Domain {
             records: AtomicPtr::new(ptr::null_mut()),
             retired: AtomicPtr::new(ptr::null_mut()),
             pending: AtomicUsize::new(0),
-            batches: Mutex::new(Vec::new()),
+            batches: UnsafeCell::new(Mutex::new(Vec::new())),
         }
+    }
+
+    /// The batches' lock.
+    fn batches(&self) -> &Mutex<Vec<Batch>> {
+        // SAFETY: only the fork child handler writes the cell, and only
+        // when no reference to the lock is held (see [`fork`]).
+        unsafe { &*self.batches.get() }
     }
 
     /// A record for the calling thread: a free one if any, else a new one.
     fn register(&'static self) -> &'static Record {
+        fork::install();
         let mut record = self.records.load(Ordering::Acquire);
         while !record.is_null() {
             // SAFETY: records are never freed while the domain lives.
@@ -196,7 +224,7 @@ impl Domain {
     /// retired stack as a new batch. Returns at once if another thread is
     /// reclaiming.
     fn reclaim(&'static self) {
-        let mut batches = match self.batches.try_lock() {
+        let mut batches = match self.batches().try_lock() {
             Ok(batches) => batches,
             // A key's `Drop` panicked while a reclaimer freed its table: the
             // list is still whole (the batch being freed was removed from it
@@ -205,6 +233,7 @@ impl Domain {
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(TryLockError::WouldBlock) => return,
         };
+        let _held = fork::HoldingBatches::note();
         // Relaxed: a look; the swap below is what synchronizes.
         if !self.retired.load(Ordering::Relaxed).is_null() {
             // Acquire: the items' unlinking happens before the barrier.
@@ -334,14 +363,23 @@ fn domain() -> &'static Domain {
 /// This thread's record, given back when the thread exits.
 struct Local(&'static Record);
 
+impl Local {
+    fn new() -> Self {
+        let record = domain().register();
+        fork::note_local(record);
+        Local(record)
+    }
+}
+
 impl Drop for Local {
     fn drop(&mut self) {
+        fork::forget_local();
         release(self.0);
     }
 }
 
 thread_local! {
-    static LOCAL: Local = Local(domain().register());
+    static LOCAL: Local = Local::new();
 }
 
 /// Gives a record back (its owner holds no pin).
@@ -354,7 +392,8 @@ fn release(record: &'static Record) {
 /// until it is dropped. Not `Send`: it is one thread's announcement.
 pub(crate) struct Guard {
     record: &'static Record,
-    /// A record taken for this pin alone (the thread-local was gone).
+    /// Whether the record is the one a thread whose thread-local is gone
+    /// pins with: given back when its outermost pin ends.
     own_record: bool,
     _not_send: PhantomData<*mut ()>,
 }
@@ -365,8 +404,9 @@ pub(crate) fn pin() -> Guard {
     match LOCAL.try_with(|local| local.0) {
         Ok(record) => enter(record, false),
         // The thread-local is gone while the thread exits (a key dropped by
-        // another thread-local's destructor): a record for this pin only.
-        Err(_) => enter(domain().register(), true),
+        // another thread-local's destructor): a record for the pins until
+        // the outermost one ends.
+        Err(_) => enter(fork::exiting_record(), true),
     }
 }
 
@@ -454,6 +494,7 @@ impl Drop for Guard {
             reclaim_if_pending();
         }
         if self.own_record {
+            fork::forget_exiting_record();
             release(record);
         }
     }
