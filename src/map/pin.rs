@@ -82,6 +82,12 @@ use loom::thread_local;
 /// when the retiring thread goes quiet (a look is one relaxed load).
 const RECLAIM_EVERY: u32 = 64;
 
+/// Batches the list keeps room for however few wait. Above it, a reclaim
+/// that leaves the list under a quarter full gives room back (down to
+/// twice what is left): a stress's peak is not kept for good, and each
+/// copy is paid for by the batches freed since the list last grew.
+const BATCHES_KEPT: usize = 16;
+
 /// One thread's announcement. Records are never freed: a thread's is taken
 /// back by the next thread that registers.
 struct Record {
@@ -264,6 +270,10 @@ impl Domain {
                 index += 1;
             }
         }
+        let (waiting, room) = (batches.len(), batches.capacity());
+        if room > BATCHES_KEPT && waiting < room / 4 {
+            batches.shrink_to(BATCHES_KEPT.max(2 * waiting));
+        }
     }
 
     /// Every record pinned now, with its number.
@@ -280,6 +290,19 @@ impl Domain {
             record = r.next.cast_mut();
         }
         readers
+    }
+
+    /// Puts `ptr` on the retired stack, to be freed by `free`.
+    fn retire(&self, ptr: *mut (), free: unsafe fn(*mut ())) {
+        let item = Box::into_raw(Box::new(Retired {
+            ptr,
+            free,
+            next: ptr::null_mut(),
+        }));
+        // Relaxed: a hint for the looks (see `Domain::pending`); the push
+        // below publishes the item.
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        self.push_retired(item);
     }
 
     /// Pushes a chain of retired items (ending in null) on the stack.
@@ -457,16 +480,7 @@ pub(crate) unsafe fn retire<T>(table: *mut T) {
         // SAFETY: `retire`'s contract.
         drop(unsafe { crossbeam_epoch::Owned::from_raw(ptr.cast::<T>()) });
     }
-    let item = Box::into_raw(Box::new(Retired {
-        ptr: table.cast(),
-        free: free::<T>,
-        next: ptr::null_mut(),
-    }));
-    let domain = domain();
-    // Relaxed: a hint for the looks (see `Domain::pending`); the push
-    // below publishes the item.
-    domain.pending.fetch_add(1, Ordering::Relaxed);
-    domain.push_retired(item);
+    domain().retire(table.cast(), free::<T>);
     // Look at the stack on this thread's next unpin (if its record is
     // gone, another thread's look finds it).
     let _ = LOCAL.try_with(|local| local.0.countdown.set(0));
@@ -585,5 +599,56 @@ mod membarrier {
     /// Never called: `expedited()` is false without membarrier.
     pub(super) fn private_expedited() -> bool {
         false
+    }
+}
+
+/// Small enough for Miri (the README's test command runs `map::` under it).
+#[cfg(all(test, not(turnstile_loom)))]
+mod tests {
+    use super::*;
+
+    /// A domain of the test's own: other tests' pins and retires do not
+    /// reach it.
+    fn own_domain() -> &'static Domain {
+        Box::leak(Box::new(Domain::new()))
+    }
+
+    /// Retires a boxed number on `domain`.
+    fn retire_one(domain: &Domain) {
+        unsafe fn free(ptr: *mut ()) {
+            // SAFETY: `ptr` came from `Box::into_raw` below, freed once.
+            drop(unsafe { Box::from_raw(ptr.cast::<u64>()) });
+        }
+        domain.retire(Box::into_raw(Box::new(7u64)).cast(), free);
+    }
+
+    fn batches_room(domain: &Domain) -> usize {
+        domain.batches().lock().unwrap().capacity()
+    }
+
+    /// A burst of reclaims while a reader stays pinned leaves one batch
+    /// each; once the reader moves on and they are freed, the list gives
+    /// its room back.
+    #[test]
+    fn batches_give_back_their_room_after_a_burst() {
+        const BURST: usize = 200;
+        let domain = own_domain();
+        let reader = domain.register();
+        // Pinned, as `enter` would store it (this domain's record only).
+        reader.sequence.store(1, Ordering::Release);
+        for _ in 0..BURST {
+            retire_one(domain);
+            domain.reclaim();
+        }
+        assert_eq!(domain.batches().lock().unwrap().len(), BURST);
+        let peak = batches_room(domain);
+        reader.sequence.store(2, Ordering::Release);
+        domain.reclaim();
+        assert_eq!(domain.pending.load(Ordering::Relaxed), 0);
+        let after = batches_room(domain);
+        assert!(
+            after <= BATCHES_KEPT,
+            "the batches kept room for {after} after the burst (peak {peak})"
+        );
     }
 }
