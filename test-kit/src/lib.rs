@@ -10,11 +10,13 @@
 //!   races at one allocation.
 //! - [`keys`]: deterministic key generators.
 //! - [`watchdog`], [`within`]: a hang fails the test instead of stalling it.
+//! - [`overlap`]: stress rounds whose threads overlap on a loaded machine.
 
 pub mod heap;
 #[cfg(feature = "http")]
 pub mod http_server;
 pub mod keys;
+pub mod overlap;
 pub mod redis_server;
 pub mod reference;
 pub mod watchdog;
