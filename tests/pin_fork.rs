@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use turnstile_rl::{KeyedLimiter, ManualClock, Quota};
 use turnstile_test_kit::heap;
+use turnstile_test_kit::stall::{Gate, StallingKey};
 use turnstile_test_kit::watchdog::Watchdog;
 
 #[global_allocator]
@@ -135,31 +136,8 @@ fn fork_child() -> i32 {
     }
 }
 
-static IN_EQ: AtomicBool = AtomicBool::new(false);
-static LEAVE_EQ: AtomicBool = AtomicBool::new(false);
-static ARMED: AtomicBool = AtomicBool::new(false);
-
-/// A key whose `Eq` (called under the pin, when a lookup meets the key)
-/// blocks once armed.
-#[derive(Clone)]
-struct Stalling(u64);
-impl Hash for Stalling {
-    fn hash<H: Hasher>(&self, h: &mut H) {
-        self.0.hash(h)
-    }
-}
-impl PartialEq for Stalling {
-    fn eq(&self, o: &Self) -> bool {
-        if ARMED.load(SeqCst) {
-            IN_EQ.store(true, SeqCst);
-            while !LEAVE_EQ.load(SeqCst) {
-                thread::yield_now();
-            }
-        }
-        self.0 == o.0
-    }
-}
-impl Eq for Stalling {}
+/// Where the pinned thread's key stalls.
+static GATE: Gate = Gate::new();
 
 /// Another thread is pinned (inside a check, stalled in a key's `Eq`) when
 /// the process forks: in the child its record stays pinned for good.
@@ -172,18 +150,19 @@ fn a_child_forked_while_another_thread_is_pinned_frees_its_retired_tables() {
         Duration::from_secs(120),
     );
     let reader = thread::spawn(|| {
-        let limiter: KeyedLimiter<Stalling> = KeyedLimiter::new(quota());
-        let _ = limiter.check(&Stalling(1));
-        ARMED.store(true, SeqCst);
-        let _ = limiter.check(&Stalling(1));
+        let limiter: KeyedLimiter<StallingKey> = KeyedLimiter::new(quota());
+        let key = StallingKey { id: 1, gate: &GATE };
+        let _ = limiter.check(&key);
+        GATE.arm();
+        let _ = limiter.check(&key);
     });
-    while !IN_EQ.load(SeqCst) {
+    while !GATE.is_stalled() {
         assert!(!reader.is_finished(), "the reader never stalled");
         thread::yield_now();
         dog.tick();
     }
     let status = fork_child();
-    LEAVE_EQ.store(true, SeqCst);
+    GATE.open();
     reader.join().expect("the reader ends");
     dog.finish();
     assert_eq!(status, FREED, "the child kept its retired tables");

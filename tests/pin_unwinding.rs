@@ -7,11 +7,12 @@
 //! map must do the same.
 
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::thread;
 use std::time::Duration;
 
 use turnstile_rl::{KeyedLimiter, Quota};
+use turnstile_test_kit::stall::{Gate, StallingKey};
 use turnstile_test_kit::watchdog::Watchdog;
 
 /// Checks the test may make before the retired table must be freed.
@@ -57,31 +58,8 @@ impl Drop for Counted {
     }
 }
 
-static ARMED: AtomicBool = AtomicBool::new(false);
-static IN_EQ: AtomicBool = AtomicBool::new(false);
-static LEAVE_EQ: AtomicBool = AtomicBool::new(false);
-
-/// A key whose `Eq` (called under the pin) blocks once armed: holds a
-/// reader pinned while a table is retired, so the table waits.
-#[derive(Clone)]
-struct Stalling(u64);
-impl Hash for Stalling {
-    fn hash<H: Hasher>(&self, h: &mut H) {
-        self.0.hash(h)
-    }
-}
-impl PartialEq for Stalling {
-    fn eq(&self, o: &Self) -> bool {
-        if ARMED.swap(false, SeqCst) {
-            IN_EQ.store(true, SeqCst);
-            while !LEAVE_EQ.load(SeqCst) {
-                thread::yield_now();
-            }
-        }
-        self.0 == o.0
-    }
-}
-impl Eq for Stalling {}
+/// Where the reader's key stalls.
+static GATE: Gate = Gate::new();
 
 /// Drops what it holds when it is dropped: during the unwinding below.
 struct DropsOnUnwind<T>(Option<T>);
@@ -107,13 +85,14 @@ fn dropping_a_limiter_while_unwinding_runs_no_other_limiters_key_drops() {
     // limiter is handed back, not dropped: a drop outside a panic looks at
     // the retired stack.
     let reader = thread::spawn(|| {
-        let limiter: KeyedLimiter<Stalling> = KeyedLimiter::new(Quota::per_second(10).unwrap());
-        let _ = limiter.check(&Stalling(1));
-        ARMED.store(true, SeqCst);
-        let _ = limiter.check(&Stalling(1));
+        let limiter: KeyedLimiter<StallingKey> = KeyedLimiter::new(Quota::per_second(10).unwrap());
+        let key = StallingKey { id: 1, gate: &GATE };
+        let _ = limiter.check(&key);
+        GATE.arm();
+        let _ = limiter.check(&key);
         limiter
     });
-    while !IN_EQ.load(SeqCst) {
+    while !GATE.is_stalled() {
         assert!(!reader.is_finished(), "the reader never stalled");
         thread::yield_now();
         dog.tick();
@@ -122,7 +101,7 @@ fn dropping_a_limiter_while_unwinding_runs_no_other_limiters_key_drops() {
         let _ = counted.check(&Counted::new(id));
     }
     assert_eq!(counted.clear(), 10);
-    LEAVE_EQ.store(true, SeqCst);
+    GATE.open();
     let readers_limiter = reader.join().expect("the reader ends");
     assert_eq!(
         DROPPED.load(SeqCst),

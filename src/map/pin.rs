@@ -547,13 +547,31 @@ fn heavy_barrier() -> bool {
 }
 
 /// Whether readers may use the light barrier: `membarrier`'s private
-/// expedited command registered for this process. Decided once, before
-/// the first record exists, and read by readers and reclaimers alike.
+/// expedited command registered for this process. Decided once, by the
+/// first record's registration, and read by readers and reclaimers alike.
 fn expedited() -> bool {
     #[cfg(all(target_os = "linux", not(miri), not(turnstile_loom)))]
     {
-        static EXPEDITED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *EXPEDITED.get_or_init(membarrier::register)
+        use std::sync::atomic::AtomicU8;
+        const UNDECIDED: u8 = 0;
+        const NO: u8 = 1;
+        const YES: u8 = 2;
+        // Not a `OnceLock`: a child forked while another thread was
+        // deciding would wait for a thread that is gone. Threads that
+        // decide together each ask the kernel (registering twice is
+        // harmless); the first answer stored stands for all.
+        static EXPEDITED: AtomicU8 = AtomicU8::new(UNDECIDED);
+        // Acquire: a YES read comes after the registration that decided it.
+        let decided = EXPEDITED.load(Ordering::Acquire);
+        if decided != UNDECIDED {
+            return decided == YES;
+        }
+        let answer = if membarrier::register() { YES } else { NO };
+        // AcqRel: publishes this answer, or reads the one that won.
+        match EXPEDITED.compare_exchange(UNDECIDED, answer, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => answer == YES,
+            Err(first) => first == YES,
+        }
     }
     #[cfg(not(all(target_os = "linux", not(miri), not(turnstile_loom))))]
     false

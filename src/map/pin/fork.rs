@@ -51,6 +51,11 @@
 //!   child copies: the child's heavy barrier works as the parent's did
 //!   (checked on Linux 6.18: `MEMBARRIER_CMD_PRIVATE_EXPEDITED` returns 0
 //!   in a child of a registered process).
+//! - Nothing the child's pins or reclaims need waits on a one-time
+//!   initialisation another thread may have been running at the fork:
+//!   whether the barrier is expedited and whether the handler is installed
+//!   are atomics, not `OnceLock`s (a child would wait in one for a thread
+//!   that is gone).
 //!
 //! The handler is installed by the first registration of a record (before
 //! then there is nothing to fix). Under Miri and loom, and off Linux, none
@@ -66,7 +71,8 @@ pub(super) use unhandled::*;
 mod handled {
     use std::cell::Cell;
     use std::ptr;
-    use std::sync::{Mutex, Once, TryLockError};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{Mutex, TryLockError};
 
     use super::super::{domain, Domain, Record, Retired, RECLAIM_EVERY};
     use crate::sync::Ordering;
@@ -82,17 +88,24 @@ mod handled {
         static HOLDS_BATCHES: Cell<bool> = const { Cell::new(false) };
     }
 
-    /// Installs the child handler, once per process.
+    /// Installs the child handler, once per process. Not through a
+    /// `Once`: a child forked while another thread ran it would wait for a
+    /// thread that is gone. A thread that registers while the first one is
+    /// still installing goes on without waiting (a fork in that moment, at
+    /// the process's first pins, finds no handler yet).
     pub(in super::super) fn install() {
-        static INSTALL: Once = Once::new();
-        INSTALL.call_once(|| {
-            // SAFETY: registers a plain `extern "C" fn()` that lives as long
-            // as the program (this crate is never unloaded while running).
-            let failed = unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
-            // Only ENOMEM can fail it: then a forked child keeps what it
-            // retires, as off Linux.
-            let _ = failed;
-        });
+        static INSTALLED: AtomicBool = AtomicBool::new(false);
+        // Relaxed: nothing is published with the flag; it only elects the
+        // one thread that installs.
+        if INSTALLED.load(Ordering::Relaxed) || INSTALLED.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        // SAFETY: registers a plain `extern "C" fn()` that lives as long
+        // as the program (this crate is never unloaded while running).
+        let failed = unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+        // Only ENOMEM can fail it: then a forked child keeps what it
+        // retires, as off Linux.
+        let _ = failed;
     }
 
     /// Notes the record this thread's thread-local took.
