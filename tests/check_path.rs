@@ -15,15 +15,23 @@
 //! process's counts of raced rollbacks (`rollback_races`); the tests run
 //! one at a time, so the counts each one reads are its own.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Barrier, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use turnstile_rl::__private::rollback_races;
 use turnstile_rl::{KeyedMultiLimiter, ManualClock, MultiLimiter, OverflowPolicy, Quotas};
+use turnstile_test_kit::overlap::overlapping;
 use turnstile_test_kit::watchdog::Watchdog;
 
 const THREADS: u64 = 4;
+
+/// Checks each worker makes, at least, after every thread of its round has
+/// started.
+const OVERLAP: u64 = 20_000;
+
+/// How long a test may take to reach its race.
+const REACH_WITHIN: Duration = Duration::from_secs(60);
 
 /// One test at a time (a failed one poisons nothing for the others).
 fn serial() -> MutexGuard<'static, ()> {
@@ -33,42 +41,18 @@ fn serial() -> MutexGuard<'static, ()> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Runs `work(t)` on `THREADS` threads and, until they are done,
-/// `background` in a loop on one more, all started together (a barrier:
-/// spawned one by one, the threads barely overlapped).
-fn race_with(work: impl Fn(u64) + Sync, background: impl Fn() + Sync) {
-    let done = AtomicBool::new(false);
-    let start = Barrier::new(THREADS as usize + 1);
-    std::thread::scope(|s| {
-        let workers: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let (work, start) = (&work, &start);
-                s.spawn(move || {
-                    start.wait();
-                    work(t);
-                })
-            })
-            .collect();
-        s.spawn(|| {
-            start.wait();
-            while !done.load(Ordering::Relaxed) {
-                background();
-                std::thread::yield_now();
-            }
-        });
-        for worker in workers {
-            worker.join().unwrap();
-        }
-        done.store(true, Ordering::Relaxed);
-    });
+/// Runs `work(t, i)` on `THREADS` threads and, if given, `background` in
+/// a loop on one more, until the workers overlapped (see
+/// `turnstile_test_kit::overlap`).
+fn race_with(work: impl Fn(u64, u64) + Sync, background: Option<&(dyn Fn() + Sync)>) {
+    overlapping(THREADS, OVERLAP, work, background);
 }
 
 /// Rounds of a race, each exact by itself, run until the rollbacks that
 /// raced in all of them (`(moved, gone, after_reset)`, see
-/// `rollback_races`) show the race the test names (`reached`), at most 50
-/// rounds or 30 s; then asserts that they do. One round of a few thousand
-/// checks per thread often raced no rollback at all (the threads barely
-/// overlapped), which passed without testing anything.
+/// `rollback_races`) show the race the test names (`reached`), for at most
+/// `REACH_WITHIN` (a time, not a count of rounds: a loaded machine races
+/// less per round); then asserts that they do.
 fn rounds_until_reached(
     name: &str,
     reached: impl Fn((u64, u64, u64)) -> bool,
@@ -82,14 +66,17 @@ fn rounds_until_reached(
         rounds += 1;
         let now = rollback_races();
         let raced = (now.0 - before.0, now.1 - before.1, now.2 - before.2);
-        if reached(raced) || rounds == 50 || start.elapsed() > Duration::from_secs(30) {
+        if reached(raced) || start.elapsed() > REACH_WITHIN {
             break raced;
         }
     };
-    eprintln!("{name}: {rounds} rounds, rollbacks raced (moved, gone, after reset): {raced:?}");
+    let took = start.elapsed();
+    eprintln!(
+        "{name}: {rounds} rounds in {took:.1?}, rollbacks raced (moved, gone, after reset): {raced:?}"
+    );
     assert!(
         reached(raced),
-        "{name}: not reached in {rounds} rounds: rollbacks raced (moved, gone, after reset) {raced:?}"
+        "{name}: not reached in {took:.1?} ({rounds} rounds): rollbacks raced (moved, gone, after reset) {raced:?}"
     );
 }
 
@@ -103,7 +90,7 @@ fn keyed_rollbacks_racing_clear_and_eviction_admit_once_per_bucket() {
     let dog = Watchdog::start(
         "keyed rollbacks racing clear",
         Duration::from_secs(20),
-        Duration::from_secs(120),
+        Duration::from_secs(180),
     );
     for policy in [OverflowPolicy::EvictFullest, OverflowPolicy::Deny] {
         let evicts = policy == OverflowPolicy::EvictFullest;
@@ -128,22 +115,20 @@ fn clear_race_round(policy: OverflowPolicy, dog: &Watchdog) {
     let admitted = AtomicU64::new(0);
     let clears = AtomicU64::new(0);
     race_with(
-        |t| {
-            for i in 0..20_000u64 {
-                // The threads walk the keys in different orders, so they
-                // meet on cells, inserts and evictions.
-                let key = (i * (2 * t + 1)) % 16;
-                if limiter.check(&key).is_allowed() {
-                    admitted.fetch_add(1, Ordering::Relaxed);
-                }
-                dog.tick();
+        |t, i| {
+            // The threads walk the keys in different orders, so they meet
+            // on cells, inserts and evictions.
+            let key = (i * (2 * t + 1)) % 16;
+            if limiter.check(&key).is_allowed() {
+                admitted.fetch_add(1, Ordering::Relaxed);
             }
+            dog.tick();
         },
-        || {
+        Some(&|| {
             limiter.clear();
             clears.fetch_add(1, Ordering::Relaxed);
             dog.tick();
-        },
+        }),
     );
     let last = limiter.limits()[1].stats();
     let held = last.keys_held + last.overflow_evictions + last.resets + last.idle_evictions;
@@ -175,7 +160,7 @@ fn keyed_denials_by_the_last_limit_roll_back_exactly() {
     let dog = Watchdog::start(
         "keyed denials roll back",
         Duration::from_secs(20),
-        Duration::from_secs(120),
+        Duration::from_secs(180),
     );
     rounds_until_reached(
         "denials",
@@ -200,22 +185,16 @@ fn denials_round(dog: &Watchdog) {
         assert!(limiter.check(&key).is_allowed());
         admitted[key as usize].fetch_add(1, Ordering::Relaxed);
     }
-    let start = Barrier::new(THREADS as usize);
-    std::thread::scope(|s| {
-        for t in 0..THREADS {
-            let (limiter, admitted, start) = (&limiter, &admitted, &start);
-            s.spawn(move || {
-                start.wait();
-                for i in 0..20_000u64 {
-                    let key = (i * (2 * t + 1) + t) % 16;
-                    if limiter.check(&key).is_allowed() {
-                        admitted[key as usize].fetch_add(1, Ordering::Relaxed);
-                    }
-                    dog.tick();
-                }
-            });
-        }
-    });
+    race_with(
+        |t, i| {
+            let key = (i * (2 * t + 1) + t) % 16;
+            if limiter.check(&key).is_allowed() {
+                admitted[key as usize].fetch_add(1, Ordering::Relaxed);
+            }
+            dog.tick();
+        },
+        None,
+    );
     let (first, last) = (&limiter.limits()[0], &limiter.limits()[1]);
     for key in 0..16u64 {
         let admitted = admitted[key as usize].load(Ordering::Relaxed);
@@ -247,7 +226,7 @@ fn direct_rollbacks_racing_resets_admit_once_per_bucket() {
     let dog = Watchdog::start(
         "direct rollbacks racing resets",
         Duration::from_secs(20),
-        Duration::from_secs(120),
+        Duration::from_secs(180),
     );
     let reached = |(moved, _, after_reset): (u64, u64, u64)| moved >= 100 && after_reset >= 10;
     rounds_until_reached("direct", reached, || direct_reset_round(&dog));
@@ -264,15 +243,13 @@ fn direct_reset_round(dog: &Watchdog) {
     let admitted = AtomicU64::new(0);
     let emptied = AtomicU64::new(0);
     race_with(
-        |_| {
-            for _ in 0..20_000 {
-                if limiter.check().is_allowed() {
-                    admitted.fetch_add(1, Ordering::Relaxed);
-                }
-                dog.tick();
+        |_, _| {
+            if limiter.check().is_allowed() {
+                admitted.fetch_add(1, Ordering::Relaxed);
             }
+            dog.tick();
         },
-        || {
+        Some(&|| {
             if limiter.limits()[1].reset() {
                 emptied.fetch_add(1, Ordering::Relaxed);
             }
@@ -280,7 +257,7 @@ fn direct_reset_round(dog: &Watchdog) {
             // before this reset finds it, and takes nothing out.
             limiter.limits()[0].reset();
             dog.tick();
-        },
+        }),
     );
     let in_use = u64::from(limiter.limits()[1].peek().is_denied());
     assert_eq!(

@@ -88,8 +88,12 @@ impl<K> Drop for Map<K> {
     fn drop(&mut self) {
         // `raw` frees its current table by itself; what it retired before
         // waits for its readers. Free it now if none holds it; otherwise
-        // the next unpins of any thread free it.
-        pin::reclaim_if_pending();
+        // the next unpins of any thread free it. Not while unwinding, as
+        // an unpin does not: freeing runs keys' `Drop` (other maps' too),
+        // and a second panic would abort the process.
+        if !std::thread::panicking() {
+            pin::reclaim_if_pending();
+        }
     }
 }
 

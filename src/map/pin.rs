@@ -37,12 +37,25 @@
 //! Retired tables are freed by the retiring thread's next unpin, or by any
 //! thread's unpin within [`RECLAIM_EVERY`] of its own.
 //!
+//! After a fork only the forking thread lives on in the child, with a copy
+//! of every other thread's record as it stood: one pinned at the fork
+//! would look pinned forever, and a `batches` lock held at the fork would
+//! stay held, so the child would free nothing more. On Linux a
+//! `pthread_atfork` child handler ([`fork`]) gives those records back and
+//! reinitialises that lock, so a child reclaims as any process does; its
+//! argument is in that module. On other platforms no handler is installed,
+//! and a child forked while another thread was pinned or reclaiming keeps
+//! every table it retires from then on (a child forked from a quiet
+//! process, or one that calls `exec`, is not affected).
+//!
 //! The map still uses crossbeam-epoch's `Atomic` and `Shared` for its table
 //! pointers; their guard parameter is crossbeam's unprotected guard, which
 //! only [`Guard`] hands out, so a `Shared` cannot outlive the pin it was
 //! loaded under.
 
-use std::cell::Cell;
+mod fork;
+
+use std::cell::{Cell, UnsafeCell};
 use std::marker::PhantomData;
 use std::ops::Deref;
 use std::ptr;
@@ -68,6 +81,12 @@ use loom::thread_local;
 /// nothing itself: bounds how long a retired table outlives its last reader
 /// when the retiring thread goes quiet (a look is one relaxed load).
 const RECLAIM_EVERY: u32 = 64;
+
+/// Batches the list keeps room for however few wait. Above it, a reclaim
+/// that leaves the list under a quarter full gives room back (down to
+/// twice what is left): a stress's peak is not kept for good, and each
+/// copy is paid for by the batches freed since the list last grew.
+const BATCHES_KEPT: usize = 16;
 
 /// One thread's announcement. Records are never freed: a thread's is taken
 /// back by the next thread that registers.
@@ -129,9 +148,16 @@ struct Domain {
     /// Items retired and not yet freed: what a thread's look checks.
     pending: AtomicUsize,
     /// Batches waiting for readers; `try_lock`ed, so reclaiming never
-    /// waits for another reclaimer.
-    batches: Mutex<Vec<Batch>>,
+    /// waits for another reclaimer. In a cell only so that a forked child
+    /// can reinitialise a lock that a vanished thread held (see [`fork`]);
+    /// read it through [`Domain::batches`].
+    batches: UnsafeCell<Mutex<Vec<Batch>>>,
 }
+
+// SAFETY: every field but `batches` is an atomic; `batches` is only ever
+// read as a shared `&Mutex` (`Domain::batches`), and written only by the
+// fork child handler, when no other thread exists (see [`fork`]).
+unsafe impl Sync for Domain {}
 
 impl Domain {
     #[cfg(not(turnstile_loom))]
@@ -140,7 +166,7 @@ impl Domain {
             records: AtomicPtr::new(ptr::null_mut()),
             retired: AtomicPtr::new(ptr::null_mut()),
             pending: AtomicUsize::new(0),
-            batches: Mutex::new(Vec::new()),
+            batches: UnsafeCell::new(Mutex::new(Vec::new())),
         }
     }
 
@@ -150,12 +176,20 @@ impl Domain {
             records: AtomicPtr::new(ptr::null_mut()),
             retired: AtomicPtr::new(ptr::null_mut()),
             pending: AtomicUsize::new(0),
-            batches: Mutex::new(Vec::new()),
+            batches: UnsafeCell::new(Mutex::new(Vec::new())),
         }
+    }
+
+    /// The batches' lock.
+    fn batches(&self) -> &Mutex<Vec<Batch>> {
+        // SAFETY: only the fork child handler writes the cell, and only
+        // when no reference to the lock is held (see [`fork`]).
+        unsafe { &*self.batches.get() }
     }
 
     /// A record for the calling thread: a free one if any, else a new one.
     fn register(&'static self) -> &'static Record {
+        fork::install();
         let mut record = self.records.load(Ordering::Acquire);
         while !record.is_null() {
             // SAFETY: records are never freed while the domain lives.
@@ -202,7 +236,7 @@ impl Domain {
     /// retired stack as a new batch. Returns at once if another thread is
     /// reclaiming.
     fn reclaim(&'static self) {
-        let mut batches = match self.batches.try_lock() {
+        let mut batches = match self.batches().try_lock() {
             Ok(batches) => batches,
             // A key's `Drop` panicked while a reclaimer freed its table: the
             // list is still whole (the batch being freed was removed from it
@@ -211,6 +245,7 @@ impl Domain {
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(TryLockError::WouldBlock) => return,
         };
+        let _held = fork::HoldingBatches::note();
         // Relaxed: a look; the swap below is what synchronizes.
         if !self.retired.load(Ordering::Relaxed).is_null() {
             // Acquire: the items' unlinking happens before the barrier.
@@ -241,6 +276,10 @@ impl Domain {
                 index += 1;
             }
         }
+        let (waiting, room) = (batches.len(), batches.capacity());
+        if room > BATCHES_KEPT && waiting < room / 4 {
+            batches.shrink_to(BATCHES_KEPT.max(2 * waiting));
+        }
     }
 
     /// Every record pinned now, with its number.
@@ -257,6 +296,19 @@ impl Domain {
             record = r.next.cast_mut();
         }
         readers
+    }
+
+    /// Puts `ptr` on the retired stack, to be freed by `free`.
+    fn retire(&self, ptr: *mut (), free: unsafe fn(*mut ())) {
+        let item = Box::into_raw(Box::new(Retired {
+            ptr,
+            free,
+            next: ptr::null_mut(),
+        }));
+        // Relaxed: a hint for the looks (see `Domain::pending`); the push
+        // below publishes the item.
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        self.push_retired(item);
     }
 
     /// Pushes a chain of retired items (ending in null) on the stack.
@@ -340,14 +392,23 @@ fn domain() -> &'static Domain {
 /// This thread's record, given back when the thread exits.
 struct Local(&'static Record);
 
+impl Local {
+    fn new() -> Self {
+        let record = domain().register();
+        fork::note_local(record);
+        Local(record)
+    }
+}
+
 impl Drop for Local {
     fn drop(&mut self) {
+        fork::forget_local();
         release(self.0);
     }
 }
 
 thread_local! {
-    static LOCAL: Local = Local(domain().register());
+    static LOCAL: Local = Local::new();
 }
 
 /// Gives a record back (its owner holds no pin).
@@ -360,7 +421,8 @@ fn release(record: &'static Record) {
 /// until it is dropped. Not `Send`: it is one thread's announcement.
 pub(crate) struct Guard {
     record: &'static Record,
-    /// A record taken for this pin alone (the thread-local was gone).
+    /// Whether the record is the one a thread whose thread-local is gone
+    /// pins with: given back when its outermost pin ends.
     own_record: bool,
     _not_send: PhantomData<*mut ()>,
 }
@@ -371,8 +433,9 @@ pub(crate) fn pin() -> Guard {
     match LOCAL.try_with(|local| local.0) {
         Ok(record) => enter(record, false),
         // The thread-local is gone while the thread exits (a key dropped by
-        // another thread-local's destructor): a record for this pin only.
-        Err(_) => enter(domain().register(), true),
+        // another thread-local's destructor): a record for the pins until
+        // the outermost one ends.
+        Err(_) => enter(fork::exiting_record(), true),
     }
 }
 
@@ -423,16 +486,7 @@ pub(crate) unsafe fn retire<T>(table: *mut T) {
         // SAFETY: `retire`'s contract.
         drop(unsafe { crossbeam_epoch::Owned::from_raw(ptr.cast::<T>()) });
     }
-    let item = Box::into_raw(Box::new(Retired {
-        ptr: table.cast(),
-        free: free::<T>,
-        next: ptr::null_mut(),
-    }));
-    let domain = domain();
-    // Relaxed: a hint for the looks (see `Domain::pending`); the push
-    // below publishes the item.
-    domain.pending.fetch_add(1, Ordering::Relaxed);
-    domain.push_retired(item);
+    domain().retire(table.cast(), free::<T>);
     // Look at the stack on this thread's next unpin (if its record is
     // gone, another thread's look finds it).
     let _ = LOCAL.try_with(|local| local.0.countdown.set(0));
@@ -460,6 +514,7 @@ impl Drop for Guard {
             reclaim_if_pending();
         }
         if self.own_record {
+            fork::forget_exiting_record();
             release(record);
         }
     }
@@ -498,13 +553,31 @@ fn heavy_barrier() -> bool {
 }
 
 /// Whether readers may use the light barrier: `membarrier`'s private
-/// expedited command registered for this process. Decided once, before
-/// the first record exists, and read by readers and reclaimers alike.
+/// expedited command registered for this process. Decided once, by the
+/// first record's registration, and read by readers and reclaimers alike.
 fn expedited() -> bool {
     #[cfg(all(target_os = "linux", not(miri), not(turnstile_loom)))]
     {
-        static EXPEDITED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *EXPEDITED.get_or_init(membarrier::register)
+        use std::sync::atomic::AtomicU8;
+        const UNDECIDED: u8 = 0;
+        const NO: u8 = 1;
+        const YES: u8 = 2;
+        // Not a `OnceLock`: a child forked while another thread was
+        // deciding would wait for a thread that is gone. Threads that
+        // decide together each ask the kernel (registering twice is
+        // harmless); the first answer stored stands for all.
+        static EXPEDITED: AtomicU8 = AtomicU8::new(UNDECIDED);
+        // Acquire: a YES read comes after the registration that decided it.
+        let decided = EXPEDITED.load(Ordering::Acquire);
+        if decided != UNDECIDED {
+            return decided == YES;
+        }
+        let answer = if membarrier::register() { YES } else { NO };
+        // AcqRel: publishes this answer, or reads the one that won.
+        match EXPEDITED.compare_exchange(UNDECIDED, answer, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => answer == YES,
+            Err(first) => first == YES,
+        }
     }
     #[cfg(not(all(target_os = "linux", not(miri), not(turnstile_loom))))]
     false
@@ -550,5 +623,56 @@ mod membarrier {
     /// Never called: `expedited()` is false without membarrier.
     pub(super) fn private_expedited() -> bool {
         false
+    }
+}
+
+/// Small enough for Miri (the README's test command runs `map::` under it).
+#[cfg(all(test, not(turnstile_loom)))]
+mod tests {
+    use super::*;
+
+    /// A domain of the test's own: other tests' pins and retires do not
+    /// reach it.
+    fn own_domain() -> &'static Domain {
+        Box::leak(Box::new(Domain::new()))
+    }
+
+    /// Retires a boxed number on `domain`.
+    fn retire_one(domain: &Domain) {
+        unsafe fn free(ptr: *mut ()) {
+            // SAFETY: `ptr` came from `Box::into_raw` below, freed once.
+            drop(unsafe { Box::from_raw(ptr.cast::<u64>()) });
+        }
+        domain.retire(Box::into_raw(Box::new(7u64)).cast(), free);
+    }
+
+    fn batches_room(domain: &Domain) -> usize {
+        domain.batches().lock().unwrap().capacity()
+    }
+
+    /// A burst of reclaims while a reader stays pinned leaves one batch
+    /// each; once the reader moves on and they are freed, the list gives
+    /// its room back.
+    #[test]
+    fn batches_give_back_their_room_after_a_burst() {
+        const BURST: usize = 200;
+        let domain = own_domain();
+        let reader = domain.register();
+        // Pinned, as `enter` would store it (this domain's record only).
+        reader.sequence.store(1, Ordering::Release);
+        for _ in 0..BURST {
+            retire_one(domain);
+            domain.reclaim();
+        }
+        assert_eq!(domain.batches().lock().unwrap().len(), BURST);
+        let peak = batches_room(domain);
+        reader.sequence.store(2, Ordering::Release);
+        domain.reclaim();
+        assert_eq!(domain.pending.load(Ordering::Relaxed), 0);
+        let after = batches_room(domain);
+        assert!(
+            after <= BATCHES_KEPT,
+            "the batches kept room for {after} after the burst (peak {peak})"
+        );
     }
 }

@@ -10,12 +10,16 @@
 //!   races at one allocation.
 //! - [`keys`]: deterministic key generators.
 //! - [`watchdog`], [`within`]: a hang fails the test instead of stalling it.
+//! - [`overlap`]: stress rounds whose threads overlap on a loaded machine.
+//! - [`stall`]: a key whose `Eq` holds its thread inside a limiter's pin.
 
 pub mod heap;
 #[cfg(feature = "http")]
 pub mod http_server;
 pub mod keys;
+pub mod overlap;
 pub mod redis_server;
 pub mod reference;
+pub mod stall;
 pub mod watchdog;
 pub mod within;
