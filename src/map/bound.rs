@@ -33,6 +33,10 @@
 //!   holds no mark, so the holder never waits for it. A check waits for at
 //!   most `CLAIM_WAITS` claims of other keys before it is refused.
 //!
+//! A forked child has only the forking thread: the marks and claims of the
+//! parent's other threads would be waited for forever, so the child's
+//! first admission clears them (`InFlight::after_fork`).
+//!
 //! What the waits cost when a key's code is slow: an insert runs the key's
 //! `ToOwned` (a `Clone`) and `Eq` while it is in flight, so a check that
 //! finds no room waits for the slow clones of the inserts in flight in its
@@ -110,6 +114,7 @@ impl<'m, K: Hash + Eq> Pinned<'m, K> {
         #[cfg(turnstile_loom)]
         let _admitting = crate::probe::Admitting::enter();
         let inflight = &self.raw.inflight;
+        inflight.after_fork();
         // The policies that do not evict look twice: once more after the
         // inserts they waited for, which may have given their places back.
         let (mut looks, mut claim_waits) = (0, 0);

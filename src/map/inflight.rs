@@ -82,7 +82,17 @@ pub(crate) fn stripe_index(hash: u64) -> usize {
 /// being admitted at the bound.
 pub(crate) struct InFlight {
     stripes: Box<[AtomicU64]>,
+    /// The fork (`super::pin::forks`) whose process the stripes' marks
+    /// and claims belong to, with [`CLEARING`] set while a forked child's
+    /// first admission clears them (see [`InFlight::after_fork`]).
+    #[cfg(not(turnstile_loom))]
+    forks: std::sync::atomic::AtomicU64,
 }
+
+/// Set in `InFlight::forks` while a forked child's first admission clears
+/// the stripes.
+#[cfg(not(turnstile_loom))]
+const CLEARING: u64 = 1 << 63;
 
 /// What claiming a stripe for a key found.
 pub(crate) enum Claim<'a> {
@@ -97,6 +107,61 @@ impl InFlight {
     pub(crate) fn new() -> Self {
         InFlight {
             stripes: (0..STRIPES).map(|_| AtomicU64::new(0)).collect(),
+            #[cfg(not(turnstile_loom))]
+            forks: std::sync::atomic::AtomicU64::new(super::pin::forks()),
+        }
+    }
+
+    /// Makes the stripes this process's own: in a forked child, the marks
+    /// and claims of the parent's other threads, which the child does not
+    /// have, would be waited for forever. The child's first admission
+    /// clears every stripe before any of the child's threads announces an
+    /// insert (each admission calls this first and waits for the clearing
+    /// to end); no mark or claim is the forking thread's own, since it was
+    /// not inside an admission when it forked. (A place the parent's
+    /// threads had reserved in `len` stays taken in the child: at most one
+    /// per thread that was inserting.) One load and a compare otherwise.
+    #[inline]
+    pub(crate) fn after_fork(&self) {
+        #[cfg(not(turnstile_loom))]
+        {
+            use std::sync::atomic::Ordering as StdOrdering;
+            let forks = super::pin::forks();
+            // Acquire: pairs with the clearing's Release below.
+            if self.forks.load(StdOrdering::Acquire) != forks {
+                self.clear_after_fork(forks);
+            }
+        }
+    }
+
+    #[cfg(not(turnstile_loom))]
+    #[cold]
+    fn clear_after_fork(&self, forks: u64) {
+        use std::sync::atomic::Ordering as StdOrdering;
+        // Marked with this process's fork count: a clearing that a later
+        // fork cut short (its thread gone in the grandchild) is taken over.
+        let clearing = forks | CLEARING;
+        let mut attempt = 0;
+        loop {
+            let noted = self.forks.load(StdOrdering::Acquire);
+            if noted == forks {
+                return;
+            }
+            if noted != clearing
+                && self
+                    .forks
+                    .compare_exchange(noted, clearing, StdOrdering::Acquire, StdOrdering::Acquire)
+                    .is_ok()
+            {
+                for stripe in self.stripes.iter() {
+                    stripe.store(0, Ordering::Relaxed);
+                }
+                // Release: an admission that sees the new note sees the
+                // stripes cleared.
+                self.forks.store(forks, StdOrdering::Release);
+                return;
+            }
+            crate::sync::wait_briefly(&mut attempt);
         }
     }
 

@@ -520,6 +520,12 @@ impl Drop for Guard {
     }
 }
 
+/// Forks this process is a child of (0 off Linux, and under Miri and
+/// loom, where no child handler is installed): see `fork`.
+pub(crate) fn forks() -> u64 {
+    fork::forks()
+}
+
 /// Frees what retired tables no reader holds, if there are any.
 #[cold]
 pub(crate) fn reclaim_if_pending() {

@@ -155,8 +155,22 @@ mod handled {
         }
     }
 
+    /// Forks this process is a child of, counted by the child handler:
+    /// what a map compares with its own note to tell that its stripes of
+    /// inserts in flight hold marks of vanished threads
+    /// (`map::inflight`).
+    static FORKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+    /// See [`FORKS`].
+    pub(in super::super) fn forks() -> u64 {
+        // Relaxed: the child handler wrote it before the child's code ran
+        // again, on the one thread that then existed.
+        FORKS.load(Ordering::Relaxed)
+    }
+
     /// The child handler (see the module docs).
     extern "C" fn in_child() {
+        FORKS.fetch_add(1, Ordering::Relaxed);
         let own = [LOCAL_RECORD.with(Cell::get), EXITING_RECORD.with(Cell::get)];
         let holds_batches = HOLDS_BATCHES.with(Cell::get);
         // SAFETY: called by `fork` in the child, whose only thread is this
@@ -237,6 +251,11 @@ mod unhandled {
 
     /// No child handler here (see the module docs).
     pub(in super::super) fn install() {}
+
+    /// No fork is ever counted without a child handler.
+    pub(in super::super) fn forks() -> u64 {
+        0
+    }
 
     pub(in super::super) fn note_local(_: &'static Record) {}
 
