@@ -364,7 +364,18 @@ fn exact_burst_race(
         }
         let mut capacity = limiter.capacity();
         let mut last = PROGRESS.load(Ordering::Relaxed);
+        // At most 400 steps (2 s of the clock); on a loaded machine, fewer:
+        // the steps end after `STEPS_FOR` once the table has grown and
+        // shrunk three times each (each hot key admits exactly its burst
+        // however far the clock got: its quota is 1/h).
+        const STEPS_FOR: Duration = Duration::from_secs(30);
+        let started = Instant::now();
         for _ in 0..400 {
+            let reached = migrations.grew.load(Ordering::Relaxed) >= 3
+                && migrations.shrank.load(Ordering::Relaxed) >= 3;
+            if reached && started.elapsed() > STEPS_FOR {
+                break;
+            }
             wait_progress(&mut last, 500);
             clock.advance(Duration::from_millis(5));
             limiter.evict_idle();
