@@ -208,7 +208,10 @@ pub struct Limit {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a rate_limit mapping: `unit` and `requests_per_unit`, or `unlimited: true`"
+)]
 struct RawRateLimit {
     #[serde(default)]
     unit: Option<Unit>,

@@ -26,6 +26,19 @@ fn an_unknown_unit_names_line_and_field() {
     );
 }
 
+/// A `rate_limit` that is not a mapping says what one looks like, not
+/// the name of a type inside the service (`expected struct RawRateLimit`).
+#[test]
+fn a_rate_limit_that_is_not_a_mapping_says_what_one_is() {
+    let (_, text) = error_of("domain: d\ndescriptors:\n  - key: a\n    rate_limit: 10/s\n");
+    assert!(text.contains("descriptors[0].rate_limit"), "{text}");
+    assert!(
+        text.contains("a rate_limit mapping: `unit` and `requests_per_unit`"),
+        "{text}"
+    );
+    assert!(!text.contains("RawRateLimit"), "{text}");
+}
+
 #[test]
 fn an_unknown_key_is_refused_as_in_envoyproxy_ratelimit() {
     let (error, text) = error_of("domain: d\ndescriptors:\n  - key: a\n    colour: red\n");
