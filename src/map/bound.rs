@@ -31,7 +31,8 @@
 //! - for a stripe's claim: its holder makes at most `ATTEMPTS` eviction
 //!   attempts, each bounded, and a thread waiting for another key's claim
 //!   holds no mark, so the holder never waits for it. A check waits for at
-//!   most `CLAIM_WAITS` claims of other keys before it is refused.
+//!   most `CLAIM_WAITS` claims (of other keys of its stripe, or its own
+//!   key's that ended without the key) before it is refused.
 //!
 //! A forked child has only the forking thread: the marks and claims of the
 //! parent's other threads would be waited for forever, so the child's
@@ -57,8 +58,9 @@ use super::{Evicted, Idle, Pinned, Slot};
 /// attempt fails when its victim was updated or taken by another evictor
 /// first, or the room was held by inserts still in flight.
 const ATTEMPTS: usize = 16;
-/// Claims of other keys a check waits for before it is refused: the
-/// stripe's claim is held by one key at a time.
+/// Claims a check waits for before it is refused (of other keys of its
+/// stripe, or its own key's that ended without the key): the stripe's
+/// claim is held by one key at a time.
 const CLAIM_WAITS: usize = 64;
 
 /// What a full map does with a key it has not seen.
@@ -129,6 +131,12 @@ impl<'m, K: Hash + Eq> Pinned<'m, K> {
                 inflight.wait_for_claim(hash);
                 if let Some(slot) = self.find(hash, key) {
                     return (Admitted::Found(slot), false);
+                }
+                // Refused by the holder, or another key's claim with the
+                // same tag: counted, so a check waits a bounded number.
+                claim_waits += 1;
+                if claim_waits == CLAIM_WAITS {
+                    return (Admitted::Refused, false);
                 }
             } else if self.try_reserve(max_keys) {
                 return (
