@@ -128,15 +128,8 @@ impl<'m, K: Hash + Eq> Pinned<'m, K> {
                 // Another request is admitting this key at the bound.
                 drop(mark);
                 probe!(KEY_ADMITTED_BY_ANOTHER);
-                inflight.wait_for_claim(hash);
-                if let Some(slot) = self.find(hash, key) {
-                    return (Admitted::Found(slot), false);
-                }
-                // Refused by the holder, or another key's claim with the
-                // same tag: counted, so a check waits a bounded number.
-                claim_waits += 1;
-                if claim_waits == CLAIM_WAITS {
-                    return (Admitted::Refused, false);
+                if let Some(done) = self.after_claim(hash, key, &mut claim_waits) {
+                    return done;
                 }
             } else if self.try_reserve(max_keys) {
                 return (
@@ -154,13 +147,8 @@ impl<'m, K: Hash + Eq> Pinned<'m, K> {
                     Claim::Taken => {
                         drop(mark);
                         probe!(CLAIM_TAKEN);
-                        inflight.wait_for_claim(hash);
-                        if let Some(slot) = self.find(hash, key) {
-                            return (Admitted::Found(slot), false);
-                        }
-                        claim_waits += 1;
-                        if claim_waits == CLAIM_WAITS {
-                            return (Admitted::Refused, false);
+                        if let Some(done) = self.after_claim(hash, key, &mut claim_waits) {
+                            return done;
                         }
                     }
                 }
@@ -181,6 +169,28 @@ impl<'m, K: Hash + Eq> Pinned<'m, K> {
                 }
             }
         }
+    }
+
+    /// Waits, holding no mark, for the stripe's claim to end, then looks
+    /// the key up: found, or refused after `CLAIM_WAITS` such waits (the
+    /// claim was another key's, or its holder ended without the key), or
+    /// `None` to try again.
+    fn after_claim<Q>(
+        &self,
+        hash: u64,
+        key: &Q,
+        claim_waits: &mut usize,
+    ) -> Option<(Admitted<'_, K>, bool)>
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Eq,
+    {
+        self.raw.inflight.wait_for_claim(hash);
+        if let Some(slot) = self.find(hash, key) {
+            return Some((Admitted::Found(slot), false));
+        }
+        *claim_waits += 1;
+        (*claim_waits == CLAIM_WAITS).then_some((Admitted::Refused, false))
     }
 
     /// The claim holder's part: with the key's claim and one mark held,
