@@ -48,18 +48,42 @@ pub type DefaultClock = QuantaClock;
 
 /// The TSC through `quanta`: cheaper to read than `std::time::Instant`,
 /// and the clock read is most of a check (figures: `BENCHMARKS.md`).
+///
+/// On x86-64, where quanta reads the TSC, the reading is taken inline
+/// (one `rdtsc`, a subtraction and a multiply) with quanta's calibration:
+/// `quanta::Clock::raw` is not `#[inline]`, so through it every check
+/// paid a call and a match on quanta's clock kind (issue 34's profile
+/// found it as a symbol of its own). Anywhere else, and where quanta fell
+/// back to the OS clock, readings go through quanta.
 #[derive(Clone, Debug)]
 pub struct QuantaClock {
     clock: quanta::Clock,
     origin: u64,
+    /// Nanoseconds per 2^[`SCALE_SHIFT`] ticks when quanta's clock is the
+    /// TSC and this clock reads it inline; 0 otherwise.
+    tsc_scale: u64,
 }
+
+/// The fixed-point shift of [`QuantaClock`]'s inline scale: 2^40 ticks
+/// (about seven minutes at 2.6 GHz) keep the rounding of quanta's scale
+/// below a nanosecond per seven minutes.
+const SCALE_SHIFT: u32 = 40;
 
 impl QuantaClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
         let clock = quanta::Clock::new();
+        let tsc_scale = if tsc::is_source_of(&clock) {
+            clock.delta_as_nanos(0, 1 << SCALE_SHIFT)
+        } else {
+            0
+        };
         let origin = clock.raw();
-        QuantaClock { clock, origin }
+        QuantaClock {
+            clock,
+            origin,
+            tsc_scale,
+        }
     }
 }
 
@@ -72,8 +96,48 @@ impl Default for QuantaClock {
 impl Clock for QuantaClock {
     #[inline]
     fn now(&self) -> u64 {
-        // A raw reading behind the origin (another core's TSC) counts as 0.
+        if self.tsc_scale != 0 {
+            // A reading behind the origin (another core's TSC) counts as 0,
+            // as quanta's `delta_as_nanos` counts it.
+            return scale(tsc::read().saturating_sub(self.origin), self.tsc_scale);
+        }
         self.clock.delta_as_nanos(self.origin, self.clock.raw())
+    }
+}
+
+/// `ticks` of the TSC in nanoseconds, at `tsc_scale` nanoseconds per
+/// 2^[`SCALE_SHIFT`] ticks.
+#[inline(always)]
+fn scale(ticks: u64, tsc_scale: u64) -> u64 {
+    ((u128::from(ticks) * u128::from(tsc_scale)) >> SCALE_SHIFT) as u64
+}
+
+/// The time stamp counter read inline, where there is one to read.
+mod tsc {
+    /// Whether `clock`'s raw readings are the TSC's: three of them, each
+    /// between two readings of the TSC. quanta reads the TSC with a plain
+    /// `rdtsc` when it can, and `CLOCK_MONOTONIC` (nanoseconds, another
+    /// scale) when it cannot, which falls between two close TSC readings
+    /// by chance alone, and not three times over.
+    pub(super) fn is_source_of(clock: &quanta::Clock) -> bool {
+        cfg!(all(target_arch = "x86_64", not(miri)))
+            && (0..3).all(|_| {
+                let before = read();
+                let raw = clock.raw();
+                before <= raw && raw <= read()
+            })
+    }
+
+    /// One TSC reading (0 where this build reads none, a value
+    /// [`is_source_of`] never accepts).
+    #[inline(always)]
+    pub(super) fn read() -> u64 {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        // SAFETY: `rdtsc` is part of x86-64's baseline: every x86-64 CPU
+        // executes it, and it only reads a counter into registers.
+        return unsafe { core::arch::x86_64::_rdtsc() };
+        #[cfg(not(all(target_arch = "x86_64", not(miri))))]
+        0
     }
 }
 
@@ -249,6 +313,29 @@ mod tests {
         assert_eq!(clock.now(), u64::MAX);
         clock.set(Duration::MAX);
         assert_eq!(clock.now(), u64::MAX);
+    }
+
+    #[test]
+    fn the_inline_tsc_scale_agrees_with_quantas() {
+        let clock = quanta::Clock::new();
+        let tsc_scale = clock.delta_as_nanos(0, 1 << SCALE_SHIFT);
+        for ticks in [
+            1,
+            999,
+            2_600_000_000,
+            1 << 40,
+            3_600 * 5_000_000_000,
+            1 << 62,
+        ] {
+            let quantas = clock.delta_as_nanos(0, ticks);
+            let ours = scale(ticks, tsc_scale);
+            // One nanosecond of rounding per 2^40 ticks, and one more.
+            let tolerance = (ticks >> SCALE_SHIFT) + 1;
+            assert!(
+                ours.abs_diff(quantas) <= tolerance,
+                "{ticks} ticks: {ours} ns inline, {quantas} ns by quanta"
+            );
+        }
     }
 
     #[test]
