@@ -16,7 +16,11 @@
 //! default 1,000,000-key bound: a profile's workload more than a count's),
 //! `inserts` (1,000,000 new keys below the default bound: the table grows),
 //! `strings` (1,000 `String` keys, 1,000,000 checks), `multi` (a one-limit
-//! `KeyedMultiLimiter`, 1,000 keys, 2,000,000 checks).
+//! `KeyedMultiLimiter`, 1,000 keys, 2,000,000 checks), `direct` and
+//! `direct-denied` (one `DirectLimiter`, 2,000,000 checks) beside
+//! `governor-direct` and `governor-direct-denied` (governor's, on the same
+//! quotas), and `contended-direct` and `contended-key` (two threads on one
+//! bucket: CAS retries per check).
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -26,7 +30,7 @@ use turnstile_rl::{DirectLimiter, KeyedLimiter, KeyedMultiLimiter, Quota, Quotas
 fn main() {
     let Some(mode) = std::env::args().nth(1) else {
         eprintln!(
-            "usage: instructions <hits|million|churn|churn-at-default-bound|inserts|strings|multi|denied|direct|direct-denied|contended-direct|contended-key>"
+            "usage: instructions <hits|million|churn|churn-at-default-bound|inserts|strings|multi|denied|direct|direct-denied|governor-direct|governor-direct-denied|contended-direct|contended-key>"
         );
         std::process::exit(2);
     };
@@ -71,6 +75,15 @@ fn main() {
             let _ = limiter.check();
             direct(limiter)
         }
+        // governor's direct limiter on the same quotas, its answer kept as
+        // `direct` keeps turnstile's: the peer's count beside ours.
+        "governor-direct" => governor_direct(
+            governor::Quota::with_period(Duration::from_secs(15))
+                .expect("a valid quota")
+                .allow_burst(nonzero(1_000_000_000)),
+            false,
+        ),
+        "governor-direct-denied" => governor_direct(governor::Quota::per_hour(nonzero(1)), true),
         // Two threads on one bucket: what these count is CAS retries per
         // check (printed), not instructions.
         "contended-direct" => {
@@ -123,6 +136,22 @@ fn direct(limiter: DirectLimiter) -> usize {
     (0..2_000_000)
         .filter(|_| black_box(black_box(&limiter).check()).is_allowed())
         .count()
+}
+
+/// Checks one governor direct limiter 2,000,000 times (after one check
+/// that empties it, when `emptied`).
+fn governor_direct(quota: governor::Quota, emptied: bool) -> usize {
+    let limiter = governor::RateLimiter::direct(quota);
+    if emptied {
+        let _ = limiter.check();
+    }
+    (0..2_000_000)
+        .filter(|_| black_box(black_box(&limiter).check()).is_ok())
+        .count()
+}
+
+fn nonzero(n: u32) -> std::num::NonZeroU32 {
+    std::num::NonZeroU32::new(n).expect("not zero")
 }
 
 /// 1 per ms, burst 1e9 (a tolerance of 11.6 days, within the add path's

@@ -59,7 +59,7 @@ use std::fmt;
 use crossbeam_utils::CachePadded;
 
 use crate::algorithms::{Algorithm, FromQuota, Gcra};
-use crate::cell::{Attempt, Cell, Outcome};
+use crate::cell::{unshared, Attempt, Cell, Outcome};
 use crate::clock::{Clock, DefaultClock};
 use crate::decision::Decision;
 use crate::error::{CostError, QuotaError};
@@ -161,7 +161,7 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
         };
         match self
             .cell
-            .update_from(self.cell.load(), algorithm, now, cost, attempt)
+            .update_from(self.cell.load(), unshared, algorithm, now, cost, attempt)
         {
             // Built after the CAS loop, from what it returned in registers.
             Ok(outcome) => outcome.decision(algorithm, now, cost),
