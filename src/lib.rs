@@ -24,6 +24,9 @@
 //!
 //! - [`Quota`]: `"100/min"`, `"10/s burst 20"`, `Quota::per_minute(100)?`.
 //! - [`DirectLimiter`]: one bucket, shared by every caller.
+//! - [`LeasedLimiter`] (opt-in): one bucket hot on many cores, whose
+//!   threads take leases of its tokens so that throughput grows with
+//!   cores, over-admitting at most a proven bound (see [`leased`]).
 //! - [`KeyedLimiter`]: one bucket per key, in a lock-free map that bounds
 //!   its memory (`max_keys`) and forgets idle keys by itself; see
 //!   [`keyed`] for what runs when, and its constants.
@@ -105,6 +108,7 @@ mod error;
 #[cfg(feature = "tower")]
 pub mod http;
 pub mod keyed;
+pub mod leased;
 mod live;
 mod map;
 mod multi;
@@ -130,8 +134,9 @@ pub use algorithms::{Algorithm, Gcra};
 pub use clock::{Clock, DefaultClock, ManualClock, MonotonicClock, QuantaClock, RecentClock};
 pub use decision::Decision;
 pub use direct::{DirectLimiter, DirectLimiterBuilder};
-pub use error::{BatchError, CostError, QuotaError, QuotasError};
+pub use error::{BatchError, CostError, LeaseError, QuotaError, QuotasError};
 pub use keyed::{KeyedLimiter, KeyedLimiterBuilder, OverflowPolicy};
+pub use leased::{LeasedLimiter, LeasedLimiterBuilder};
 pub use multi::{
     KeyedMultiLimiter, KeyedMultiLimiterBuilder, MultiDecision, MultiLimiter, MultiLimiterBuilder,
 };
