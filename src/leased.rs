@@ -51,9 +51,13 @@
 //! **Adaptive size.** A stripe's lease size starts at 1: a take of exactly
 //! the request's cost, so the limiter *is* the exact limiter, decision for
 //! decision. It doubles (up to `max_lease`) after a take whose strong CAS
-//! lost to another thread's write on the shared word, and shrinks by one
-//! after a take that did not: leases grow only where the shared line is
-//! contended, and fall back once it is not. The CAS is strong
+//! lost to another thread's write on the shared word, and halves at each
+//! take once no take of the stripe has lost for [`CALM`] of the clock:
+//! leases grow only where the shared line is contended, and fall back
+//! once it is not. (Shrinking by one at every take that did not lose, the
+//! first design, never let a lease grow: at two threads a take of a small
+//! lease loses less than half the time, so the size sat at 1 and 2, and
+//! the leased limiter was no faster than the exact one.) The CAS is strong
 //! (`compare_exchange`), so a failure is always another write, never a
 //! spurious one, and one thread alone never grows a lease.
 //!
@@ -168,6 +172,10 @@ pub const MAX_LEASE_TTL: Duration = Duration::from_secs(3_600);
 /// The most stripes.
 pub const MAX_STRIPES: usize = 1 << 10;
 
+/// How long a stripe's takes must go without losing a race on the shared
+/// word before its lease size starts to fall back (halving at each take).
+pub const CALM: Duration = Duration::from_millis(1);
+
 /// The default largest lease (capped at the burst).
 pub const DEFAULT_MAX_LEASE: u64 = 64;
 
@@ -175,6 +183,7 @@ pub const DEFAULT_MAX_LEASE: u64 = 64;
 /// fast quotas, shorter than a thread's gap between two checks.
 pub const DEFAULT_MIN_LEASE_TTL: Duration = Duration::from_millis(1);
 
+const CALM_NANOS: u64 = CALM.as_nanos() as u64;
 const TICK_SHIFT: u32 = 10;
 const TOKEN_BITS: u32 = 16;
 const TICK_BITS: u32 = 64 - TOKEN_BITS;
@@ -236,6 +245,8 @@ struct Stripe {
     /// How many tokens the next take asks for: a heuristic (see "Adaptive
     /// size"), so a plain relaxed word that no model needs to explore.
     size: PlainU64,
+    /// The reading of the last take that lost a race, for the fallback.
+    lost_at: PlainU64,
     /// The bucket's state after this stripe's last take: the figures of a
     /// decision served from the lease. Only a figure, never a decision's
     /// ground.
@@ -251,6 +262,7 @@ impl Stripe {
         Stripe {
             lease: AtomicU64::new(0),
             size: PlainU64::new(size),
+            lost_at: PlainU64::new(0),
             tat: PlainU64::new(0),
             races: PlainU64::new(0),
         }
@@ -329,13 +341,17 @@ impl Stripe {
         self.races.fetch_add(1, Relaxed);
     }
 
-    /// The next take's size after a take that `lost` a CAS or did not.
-    fn adapt(&self, lost: bool, max_lease: u64) {
+    /// The next take's size after a take at `now` that `lost` a CAS or
+    /// did not (see "Adaptive size").
+    fn adapt(&self, lost: bool, now: u64, max_lease: u64) {
         let size = self.size.load(Relaxed);
         let next = if lost {
+            self.lost_at.store(now, Relaxed);
             size.saturating_mul(2).min(max_lease)
+        } else if size > 1 && now.saturating_sub(self.lost_at.load(Relaxed)) >= CALM_NANOS {
+            size / 2
         } else {
-            size.saturating_sub(1).max(1)
+            return;
         };
         if next != size {
             self.size.store(next, Relaxed);
@@ -461,7 +477,7 @@ impl<C: Clock> LeasedLimiter<C> {
             stripe.races.fetch_add(1, Relaxed);
         }
         if self.adaptive {
-            stripe.adapt(lost, self.max_lease);
+            stripe.adapt(lost, now, self.max_lease);
         }
         let left = took - cost;
         if let (Some(tick), true) = (tick, left > 0) {
@@ -680,23 +696,41 @@ impl<C: Clock> LeasedLimiterBuilder<C> {
 mod tests {
     use super::*;
 
-    /// A lease size doubles on a lost race up to the most, and falls back
-    /// by one a take to a single token.
+    /// A lease size doubles on a lost race up to the most, holds while
+    /// races are recent, and halves at each take once none has been lost
+    /// for `CALM`, down to a single token.
     #[test]
-    fn lease_sizes_grow_on_lost_races_and_fall_back() {
+    fn lease_sizes_grow_on_lost_races_and_fall_back_when_calm() {
         let stripe = Stripe::new(1);
-        let sizes: Vec<u64> = [true, true, true, true, true, false, false, true]
-            .into_iter()
-            .map(|lost| {
-                stripe.adapt(lost, 12);
-                stripe.size.load(Relaxed)
-            })
-            .collect();
-        assert_eq!(sizes, [2, 4, 8, 12, 12, 11, 10, 12]);
-        for _ in 0..20 {
-            stripe.adapt(false, 12);
+        let calm = CALM_NANOS;
+        let sizes: Vec<u64> = [
+            (true, 10),
+            (true, 11),
+            (true, 12),
+            (true, 13),
+            (true, 14),
+            (false, 15),
+            (false, 14 + calm - 1),
+            (false, 14 + calm),
+            (false, 14 + calm),
+            (true, 20 + calm),
+            (false, 21 + calm),
+        ]
+        .into_iter()
+        .map(|(lost, now)| {
+            stripe.adapt(lost, now, 12);
+            stripe.size.load(Relaxed)
+        })
+        .collect();
+        assert_eq!(sizes, [2, 4, 8, 12, 12, 12, 12, 6, 3, 6, 6]);
+        for _ in 0..5 {
+            stripe.adapt(false, 30 * calm, 12);
         }
         assert_eq!(stripe.size.load(Relaxed), 1);
+        // A reading behind the last loss (another core's) is not calm.
+        stripe.adapt(true, 40 * calm, 12);
+        stripe.adapt(false, 39 * calm, 12);
+        assert_eq!(stripe.size.load(Relaxed), 2);
     }
 
     /// A lease word round-trips, is spendable only within its life, and
