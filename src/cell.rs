@@ -336,7 +336,10 @@ impl Cell {
     /// write, never a spurious one: the take grows its leases on a lost
     /// race, and one thread alone must never see one. Returns the state
     /// `change` decided on, the state it wrote (`None`: it asked for
-    /// nothing), and whether a CAS lost to another write.
+    /// nothing), and whether a CAS lost to another write. Always inlined,
+    /// as [`update_from`](Cell::update_from) is: its answer then stays in
+    /// registers.
+    #[inline(always)]
     pub(crate) fn take(
         &self,
         mut change: impl FnMut(u64) -> Option<u64>,

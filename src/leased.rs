@@ -343,6 +343,7 @@ impl Stripe {
 
     /// The next take's size after a take at `now` that `lost` a CAS or
     /// did not (see "Adaptive size").
+    #[inline]
     fn adapt(&self, lost: bool, now: u64, max_lease: u64) {
         let size = self.size.load(Relaxed);
         let next = if lost {
@@ -452,7 +453,9 @@ impl<C: Clock> LeasedLimiter<C> {
     }
 
     /// Steps 2 and 3 of the protocol: a take from the shared bucket, and
-    /// the install of what the request did not need.
+    /// the install of what the request did not need. Inlined, as the
+    /// direct check is: out of line, its answer went through the stack.
+    #[inline(always)]
     fn take(&self, stripe: &Stripe, now: u64, cost: u64) -> Decision {
         let tick = tick_of(now);
         let size = match tick {
@@ -489,13 +492,21 @@ impl<C: Clock> LeasedLimiter<C> {
 
     /// What a take of a lease of `size` (at least `cost`) takes from a
     /// bucket at `state`: as many tokens as it holds up to `size`, and at
-    /// least `cost`; `None` when it does not hold `cost`.
+    /// least `cost`; `None` when it does not hold `cost`. A lease of the
+    /// cost alone (one thread's, always) is one admission, as a
+    /// `DirectLimiter`'s; a larger one counts what the bucket holds (a
+    /// division) only when it does not hold the whole lease.
     #[inline]
     fn lease_from(&self, state: u64, now: u64, cost: u64, size: u64) -> Option<(u64, u64)> {
-        let amount = self.gcra.available(state, now).min(size);
-        if amount > cost {
-            if let Some(next) = self.gcra.admit(state, now, amount) {
-                return Some((amount, next));
+        if size > cost {
+            if let Some(next) = self.gcra.admit(state, now, size) {
+                return Some((size, next));
+            }
+            let amount = self.gcra.available(state, now).min(size);
+            if amount > cost {
+                if let Some(next) = self.gcra.admit(state, now, amount) {
+                    return Some((amount, next));
+                }
             }
         }
         self.gcra.admit(state, now, cost).map(|next| (cost, next))
