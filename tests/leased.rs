@@ -484,3 +484,69 @@ fn sixteen_threads_on_the_real_clock_stay_within_the_time_bound() {
     assert!(raced > 0, "no CAS lost in {checks} checks");
     eprintln!("{checks} checks, {admitted} admitted (exact bound {exact}), {raced} CAS retries");
 }
+
+/// The adversary's clock jumps back and forth: each phase reads a random
+/// time in the first 200 ms, in no order. The token half of the bound
+/// needs ordered readings and does not apply; the time half holds for any
+/// readings: for every window `[a, b]` of readings, what was admitted at
+/// readings in it is at most `B + floor((b - a + ttl + U)/T)`. The
+/// shortest time to live makes that one token beyond the exact limiter's
+/// bound, so a lease spent past its life fails the test.
+#[test]
+fn a_clock_jumping_back_and_forth_stays_within_the_time_bound() {
+    const THREADS: u64 = 8;
+    let quota: Quota = "1000/s burst 20".parse().unwrap();
+    let ttl = MIN_LEASE_TTL;
+    let clock = ManualClock::new();
+    let limiter = LeasedLimiter::builder(quota)
+        .clock(clock.clone())
+        .max_lease(8)
+        .lease_ttl(ttl)
+        .stripes(2)
+        .adaptive(false)
+        .build()
+        .unwrap();
+    let life = (ttl + turnstile_rl::leased::LEASE_TICK).as_nanos() as u64;
+    // Admissions (tokens) by reading.
+    let mut at = std::collections::BTreeMap::<u64, u64>::new();
+    let mut rng = Rng(0xbac4);
+    let began = Instant::now();
+    while began.elapsed() < Duration::from_secs(2) {
+        let time = rng.below(200) * MS + rng.below(3) * 400_000;
+        clock.set_nanos(time);
+        let tokens: u64 = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..THREADS)
+                .map(|thread| {
+                    let limiter = &limiter;
+                    s.spawn(move || {
+                        let mut rng = Rng(time ^ thread << 40 | 1);
+                        (0..rng.below(4))
+                            .map(|_| 1 + rng.below(2))
+                            .filter(|&cost| limiter.check_n(cost).unwrap().is_allowed())
+                            .sum::<u64>()
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).sum()
+        });
+        *at.entry(time).or_default() += tokens;
+    }
+    let readings: Vec<(u64, u64)> = at.into_iter().collect();
+    let mut worst = i64::MIN;
+    for (i, &(a, _)) in readings.iter().enumerate() {
+        let mut sum = 0;
+        for &(b, count) in &readings[i..] {
+            sum += count;
+            let most = 20 + (b - a + life) / MS;
+            assert!(
+                sum <= most,
+                "{sum} admitted at readings in [{a}, {b}]: the time bound is {most}"
+            );
+            worst = worst.max(sum as i64 - (20 + (b - a) / MS) as i64);
+        }
+    }
+    eprintln!(
+        "{} readings; worst excess over the exact limiter {worst}",
+        readings.len()
+    );
+}
