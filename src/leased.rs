@@ -111,16 +111,23 @@
 //! `min(ceil((ttl + U)/T), S * (L - 1))` with ordered readings, and
 //! `ceil((ttl + U)/T)` always. The default time to live,
 //! `max(L*T, 1 ms)`, makes the first about `L` tokens for quotas slower
-//! than `L` per millisecond. One thread alone (or a clock that never
-//! moves: then `w = 0` and everything taken was taken at one reading, so
-//! nothing beyond `B` passes, ever) leases nothing beyond what it spends.
+//! than `L` per millisecond.
+//!
+//! Two cases are exact. A clock that never moves admits at most `B`,
+//! ever: every take was at its one reading, and (i) with `v = 0` bounds
+//! them all (the frozen-clock tests). And one thread alone never loses a
+//! take's CAS, so its leases stay one token and it *is* the exact limiter;
+//! a thread left alone after others stopped is exact again once its
+//! stripe has spent or outlived its lease, and its size has halved back to
+//! one (`log2(L)` takes after [`CALM`] without a lost race).
 //!
 //! **Under-admission.** Tokens dropped (a lease that expired unspent, the
 //! smaller of two leases installed at once, a merge's excess over
 //! `L - 1`) and tokens in the stripes of threads that stopped checking
-//! are spent by no one: spurious denials, of at most `L - 1` tokens per
-//! stripe per lease lifetime in the steady state. [`DirectLimiter`] has
-//! none.
+//! are spent by no one: spurious denials, at most `L - 1` tokens a drop.
+//! Two installs meet only when two threads of one stripe take at once,
+//! rare while each thread has a stripe of its own (at most `S` threads).
+//! [`DirectLimiter`] drops nothing.
 //!
 //! [`DirectLimiter`]: crate::DirectLimiter
 //!
