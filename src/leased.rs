@@ -141,6 +141,15 @@
 //! caller may still spend, not a global count. A denial is the bucket's own,
 //! with its exact `retry_after`.
 //!
+//! # What it does not do
+//!
+//! No `reset`, `refund`, `set_quota` or multi-limit rollback: each lowers
+//! the bucket's word, and (i) rests on no write ever lowering it (a lowered
+//! word lets takes at readings in one window hold more than its bound,
+//! and a refund's `now` for tokens leased at another reading is the
+//! multi-limit rollback's question again). Build a new limiter instead.
+//! No `Algorithm` parameter: the bound is GCRA's.
+//!
 //! Beyond the clock's 2^58 ns (9.1 years after its origin) a lease's tick
 //! no longer fits its 48 bits: from then on the limiter leases nothing and
 //! is exact.
