@@ -363,6 +363,7 @@ impl Stripe {
     fn adapt(&self, lost: bool, now: u64, max_lease: u64) {
         let size = self.size.load(Relaxed);
         let next = if lost {
+            probe!(LEASE_GREW);
             self.lost_at.store(now, Relaxed);
             size.saturating_mul(2).min(max_lease)
         } else if size > 1 && now.saturating_sub(self.lost_at.load(Relaxed)) >= CALM_NANOS {

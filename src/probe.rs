@@ -59,6 +59,9 @@ pub static ADD_LEFT_IN_FULL_BUCKET: Probe = Probe::new();
 /// A leased limiter's spend lost its stripe's CAS to another thread of
 /// the stripe (a spend or an install).
 pub static LEASE_SPEND_RACED: Probe = Probe::new();
+/// A leased limiter's take lost the bucket's CAS to another thread, and
+/// its stripe's lease size grew.
+pub static LEASE_GREW: Probe = Probe::new();
 /// A leased limiter's install lost its stripe's CAS to another thread of
 /// the stripe.
 pub static LEASE_INSTALL_RACED: Probe = Probe::new();

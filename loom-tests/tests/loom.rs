@@ -222,6 +222,35 @@ fn two_takes_race_and_merge_their_leases() {
     );
 }
 
+/// Adaptive leases (the default): two checks of one stripe take one token
+/// each at once, and the one whose take lost the bucket's CAS doubles the
+/// stripe's lease size, so the next take leases two. Whatever the
+/// interleaving, on a clock that never moves exactly the burst passes: a
+/// lease that grew hands out the tokens it took, no more.
+#[test]
+fn a_lost_take_grows_the_lease_within_the_burst() {
+    let since = model(|| {
+        let limiter = Arc::new(
+            LeasedLimiter::builder(quota(4))
+                .clock(ManualClock::new())
+                .max_lease(2)
+                .stripes(1)
+                .build()
+                .unwrap(),
+        );
+        let other = limiter.clone();
+        let a = spawn(move || other.check().is_allowed());
+        assert!(limiter.check().is_allowed());
+        assert!(a.join().unwrap());
+        assert_eq!(2 + drain(&limiter), 4, "exactly the burst");
+    });
+    reached(
+        since,
+        &probe::LEASE_GREW,
+        "a take that lost the bucket's CAS, growing the lease",
+    );
+}
+
 /// (b) Two threads inserting the same key: one bucket, both updates counted.
 /// The loser either loses the slot's claim or waits for the winner to
 /// publish its key (the slot is BUSY: it might hold the loser's key).
