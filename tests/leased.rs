@@ -351,7 +351,7 @@ fn phased_bound(adaptive: bool) -> i64 {
 
 /// The adversary's frozen clock: sixteen threads on a clock that never
 /// moves, fixed and adaptive leases, the shortest and the longest time to
-/// live. Everything is taken at one reading, so nothing beyond the burst
+/// live, four stripes and one. Everything is taken at one reading, so nothing beyond the burst
 /// may pass, ever, however the threads interleave. Rounds repeat (bounded
 /// in time) until the threads have really raced: CAS retries counted.
 #[test]
@@ -368,17 +368,20 @@ fn a_frozen_clock_admits_at_most_the_burst() {
             "sixteen threads never raced for one word in {rounds} rounds"
         );
         rounds += 1;
-        for (adaptive, ttl) in [
-            (false, MIN_LEASE_TTL),
-            (true, MIN_LEASE_TTL),
-            (false, MAX_LEASE_TTL),
-            (true, MAX_LEASE_TTL),
+        // One stripe for sixteen threads, and four.
+        for (adaptive, ttl, stripes) in [
+            (false, MIN_LEASE_TTL, 4),
+            (true, MIN_LEASE_TTL, 4),
+            (false, MAX_LEASE_TTL, 4),
+            (true, MAX_LEASE_TTL, 4),
+            (false, MIN_LEASE_TTL, 1),
+            (true, MAX_LEASE_TTL, 1),
         ] {
             let limiter = LeasedLimiter::builder(quota)
                 .clock(ManualClock::starting_at(Duration::from_secs(7)))
                 .max_lease(64)
                 .lease_ttl(ttl)
-                .stripes(4)
+                .stripes(stripes)
                 .adaptive(adaptive)
                 .build()
                 .unwrap();
