@@ -18,7 +18,8 @@
 //! `strings` (1,000 `String` keys, 1,000,000 checks), `multi` (a one-limit
 //! `KeyedMultiLimiter`, 1,000 keys, 2,000,000 checks), `leased` (one
 //! `LeasedLimiter`, 2,000,000 checks, one thread: its leases stay one
-//! token, so this is the exact path's cost), `contended-leased` (two
+//! token, so this is the exact path's cost), `leased-fixed` (the same
+//! with fixed leases of 64: the path served from a stripe), `contended-leased` (two
 //! threads, CAS retries per check), `leased-over-admission` (two threads
 //! for a second of the real clock on a bucket under load, leased and then
 //! exact: what each admitted beside the exact limiter's bound, printed).
@@ -33,7 +34,7 @@ use turnstile_rl::{
 fn main() {
     let Some(mode) = std::env::args().nth(1) else {
         eprintln!(
-            "usage: instructions <hits|million|churn|churn-at-default-bound|inserts|strings|multi|denied|direct|direct-denied|contended-direct|contended-key|leased|contended-leased|leased-over-admission>"
+            "usage: instructions <hits|million|churn|churn-at-default-bound|inserts|strings|multi|denied|direct|direct-denied|contended-direct|contended-key|leased|leased-fixed|contended-leased|leased-over-admission>"
         );
         std::process::exit(2);
     };
@@ -90,6 +91,17 @@ fn main() {
         }
         "leased" => {
             let limiter = leased(quota);
+            (0..2_000_000)
+                .filter(|_| black_box(black_box(&limiter).check()).is_allowed())
+                .count()
+        }
+        // Leases of 64 from the first check: 63 of every 64 checks are
+        // served from the stripe, the path that scales with cores.
+        "leased-fixed" => {
+            let limiter = LeasedLimiter::builder(quota)
+                .adaptive(false)
+                .build()
+                .expect("the default leases fit the quota");
             (0..2_000_000)
                 .filter(|_| black_box(black_box(&limiter).check()).is_allowed())
                 .count()
