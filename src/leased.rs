@@ -333,6 +333,8 @@ impl Stripe {
                 probe!(LEASE_DROPPED);
                 return;
             };
+            // Relaxed, as a spend's; weak, as the cell's update: a
+            // spurious failure costs one more trip round the loop.
             match self.lease.compare_exchange_weak(
                 current,
                 next.0,
