@@ -72,6 +72,10 @@
 //!   closest to full among a sample; the other policies refuse or admit the
 //!   new key without tracking it instead.
 //! - Keys are independent: there is no cross-key ordering.
+//! - **[`LeasedLimiter`] is the one opt-in exception to exactness**: its
+//!   threads spend tokens leased from the bucket earlier, so a window of
+//!   clock readings can admit up to `over_admission_bound()` tokens more
+//!   than the exact limiter would (proof and constants: [`leased`]).
 //! - **A quota changes while serving** (`set_quota(&self)`), read whole by
 //!   each check: a check is decided wholly at one quota, and every bucket is
 //!   kept by one rule for every limiter (see [`Quota`], "Changing a quota
