@@ -19,18 +19,26 @@
 //! `KeyedMultiLimiter`, 1,000 keys, 2,000,000 checks), `direct` and
 //! `direct-denied` (one `DirectLimiter`, 2,000,000 checks) beside
 //! `governor-direct` and `governor-direct-denied` (governor's, on the same
-//! quotas), and `contended-direct` and `contended-key` (two threads on one
-//! bucket: CAS retries per check).
+//! quotas), `contended-direct` and `contended-key` (two threads on one
+//! bucket: CAS retries per check), `leased` (one `LeasedLimiter`,
+//! 2,000,000 checks, one thread: its leases stay one token, so this is the
+//! exact path's cost), `leased-fixed` (the same with fixed leases of 64:
+//! the path served from a stripe), `contended-leased` (two threads, CAS
+//! retries per check), `leased-over-admission` (two threads for a second
+//! of the real clock on a bucket under load, leased and then exact: what
+//! each admitted beside the exact limiter's bound, printed).
 
 use std::hint::black_box;
 use std::time::Duration;
 
-use turnstile_rl::{DirectLimiter, KeyedLimiter, KeyedMultiLimiter, Quota, Quotas};
+use turnstile_rl::{
+    Clock, DirectLimiter, KeyedLimiter, KeyedMultiLimiter, LeasedLimiter, Quota, Quotas,
+};
 
 fn main() {
     let Some(mode) = std::env::args().nth(1) else {
         eprintln!(
-            "usage: instructions <hits|million|churn|churn-at-default-bound|inserts|strings|multi|denied|direct|direct-denied|governor-direct|governor-direct-denied|contended-direct|contended-key>"
+            "usage: instructions <hits|million|churn|churn-at-default-bound|inserts|strings|multi|denied|direct|direct-denied|governor-direct|governor-direct-denied|contended-direct|contended-key|leased|leased-fixed|contended-leased|leased-over-admission>"
         );
         std::process::exit(2);
     };
@@ -94,6 +102,28 @@ fn main() {
             let limiter = KeyedLimiter::<u64>::new(under_load());
             contended(|| limiter.check(&7).is_allowed())
         }
+        "leased" => {
+            let limiter = leased(quota);
+            (0..2_000_000)
+                .filter(|_| black_box(black_box(&limiter).check()).is_allowed())
+                .count()
+        }
+        // Leases of 64 from the first check: 63 of every 64 checks are
+        // served from the stripe, the path that scales with cores.
+        "leased-fixed" => {
+            let limiter = LeasedLimiter::builder(quota)
+                .adaptive(false)
+                .build()
+                .expect("the default leases fit the quota");
+            (0..2_000_000)
+                .filter(|_| black_box(black_box(&limiter).check()).is_allowed())
+                .count()
+        }
+        "contended-leased" => {
+            let limiter = leased(under_load());
+            contended(|| limiter.check().is_allowed())
+        }
+        "leased-over-admission" => over_admission(),
         "multi" => {
             let limiter = KeyedMultiLimiter::<u64>::new(Quotas::from(quota));
             walk(1_000, |key| limiter.check(key).is_allowed())
@@ -188,6 +218,70 @@ fn contended(check: impl Fn() -> bool + Sync) -> usize {
         "{retries} CAS retries in {} checks: {:.4} per check",
         2 * CHECKS,
         retries as f64 / (2 * CHECKS) as f64
+    );
+    admitted
+}
+
+/// A leased limiter with the defaults, for `quota`.
+fn leased(quota: Quota) -> LeasedLimiter {
+    LeasedLimiter::builder(quota)
+        .build()
+        .expect("the default leases fit the quota")
+}
+
+/// Two threads check a leased limiter for one second of the real clock,
+/// on a bucket they keep under load (1,000,000 a second, burst 1,000;
+/// leases of at most 64, time to live 100 µs), then a `DirectLimiter` of
+/// the same quota the same way: prints what each admitted beside the
+/// exact limiter's most for its run (`B + floor(end / T)`, the run being
+/// one window of readings from the clock's origin), and the leased one's
+/// stated slack. Below the most is what the load cost: seconds in which
+/// no thread of this process ran let the bucket fill past its burst.
+fn over_admission() -> usize {
+    let quota: Quota = "1000000/s burst 1000".parse().expect("a valid quota");
+    let leased = LeasedLimiter::builder(quota)
+        .max_lease(64)
+        .lease_ttl(Duration::from_micros(100))
+        .build()
+        .expect("the leases fit the quota");
+    let admitted = for_a_second(&|| leased.check().is_allowed(), &|| leased.clock().now());
+    eprintln!(
+        "stated bound {} ({} stripes), {} lease races",
+        leased.over_admission_bound(),
+        leased.stripes(),
+        turnstile_rl::__private::lease_races(&leased)
+    );
+    let direct = DirectLimiter::new(quota);
+    for_a_second(&|| direct.check().is_allowed(), &|| direct.clock().now());
+    admitted as usize
+}
+
+/// Two threads run `check` until `now` passes one second; prints and
+/// returns the admissions, beside the exact limiter's most.
+fn for_a_second(check: &(dyn Fn() -> bool + Sync), now: &(dyn Fn() -> u64 + Sync)) -> u64 {
+    let run = Duration::from_secs(1).as_nanos() as u64;
+    let admitted: u64 = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut admitted = 0;
+                    while now() < run {
+                        admitted += u64::from(black_box(check()));
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("a thread panicked"))
+            .sum()
+    });
+    let end = now();
+    let exact = 1_000 + end / 1_000;
+    eprintln!(
+        "{admitted} admitted in {end} ns: the exact limiter's most {exact}, excess {}",
+        admitted as i64 - exact as i64
     );
     admitted
 }

@@ -39,6 +39,13 @@ pub fn cas_retries() -> u64 {
     crate::cell::cas_retries()
 }
 
+/// CASes that one leased limiter's checks lost so far (on its stripes or
+/// its bucket): what its stress tests read to know they raced, whatever
+/// else the process runs.
+pub fn lease_races<C: Clock>(limiter: &crate::LeasedLimiter<C>) -> u64 {
+    limiter.races()
+}
+
 /// A quota's emission interval `T`, in nanoseconds.
 pub fn interval_nanos(quota: &Quota) -> u64 {
     quota.interval_nanos()

@@ -347,6 +347,43 @@ impl Cell {
             .wrapping_sub(1)
     }
 
+    /// The leased limiter's take (`crate::leased`): [`modify`](Cell::modify)
+    /// with a strong CAS, so that a failure is always another thread's
+    /// write, never a spurious one: the take grows its leases on a lost
+    /// race, and one thread alone must never see one. Returns the state
+    /// `change` decided on, the state it wrote (`None`: it asked for
+    /// nothing), and whether a CAS lost to another write. Always inlined,
+    /// as [`update_from`](Cell::update_from) is: its answer then stays in
+    /// registers.
+    #[inline(always)]
+    pub(crate) fn take(
+        &self,
+        mut change: impl FnMut(u64) -> Option<u64>,
+    ) -> Result<(u64, Option<u64>, bool), Gone> {
+        let mut current = self.word.load(Ordering::Relaxed);
+        let mut lost = false;
+        loop {
+            let state = updatable(current)?;
+            let Some(next) = change(state) else {
+                return Ok((state, None, lost));
+            };
+            // Relaxed, as in `update`: the word publishes nothing else.
+            match self.word.compare_exchange(
+                current,
+                live(next),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok((state, Some(next), lost)),
+                Err(actual) => {
+                    count_retry();
+                    lost = true;
+                    current = actual;
+                }
+            }
+        }
+    }
+
     /// Claims the cell for eviction if `claimable(state)`: after a
     /// successful claim no update can ever land on it again. Returns false
     /// if the state was not claimable, or the cell was already claimed or

@@ -174,6 +174,60 @@ impl CostError {
     }
 }
 
+/// A [`LeasedLimiter`](crate::LeasedLimiter) that cannot be built as
+/// configured: each says which setting is out of range, and its range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LeaseError {
+    /// A lease of zero tokens leases nothing.
+    #[error("a lease of 0 tokens leases nothing: give 1 for an exact limiter, or more to scale")]
+    ZeroLease,
+    /// A lease is taken from the bucket in one step, so it must fit in it.
+    #[error(
+        "a lease of {lease} tokens is above the burst ({burst}): a lease is taken from \
+         the bucket in one step, so it must fit in it"
+    )]
+    LeaseAboveBurst {
+        /// The lease asked for.
+        lease: u64,
+        /// The quota's burst.
+        burst: u64,
+    },
+    /// More tokens than a stripe's lease counter holds.
+    #[error("a lease of {lease} tokens is more than a stripe holds: at most {max}")]
+    LeaseTooLarge {
+        /// The lease asked for.
+        lease: u64,
+        /// The largest lease ([`MAX_LEASE`](crate::leased::MAX_LEASE)).
+        max: u64,
+    },
+    /// A time to live too short to spend a lease in.
+    #[error("a lease time to live of {ttl:?} is too short: at least {min:?}")]
+    TtlTooShort {
+        /// The time to live asked for.
+        ttl: std::time::Duration,
+        /// The shortest ([`MIN_LEASE_TTL`](crate::leased::MIN_LEASE_TTL)).
+        min: std::time::Duration,
+    },
+    /// A time to live so long that the bound on what leases over-admit
+    /// would mean nothing.
+    #[error("a lease time to live of {ttl:?} is too long: at most {max:?}")]
+    TtlTooLong {
+        /// The time to live asked for.
+        ttl: std::time::Duration,
+        /// The longest ([`MAX_LEASE_TTL`](crate::leased::MAX_LEASE_TTL)).
+        max: std::time::Duration,
+    },
+    /// A number of stripes out of range.
+    #[error("{stripes} stripes: give 1 to {max}")]
+    Stripes {
+        /// The number asked for.
+        stripes: usize,
+        /// The most ([`MAX_STRIPES`](crate::leased::MAX_STRIPES)).
+        max: usize,
+    },
+}
+
 /// A list of quotas (`"10/s burst 20; 1000/h"`) that cannot be built or
 /// parsed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -24,6 +24,9 @@
 //!
 //! - [`Quota`]: `"100/min"`, `"10/s burst 20"`, `Quota::per_minute(100)?`.
 //! - [`DirectLimiter`]: one bucket, shared by every caller.
+//! - [`LeasedLimiter`] (opt-in): one bucket hot on many cores, whose
+//!   threads take leases of its tokens so that throughput grows with
+//!   cores, over-admitting at most a proven bound (see [`leased`]).
 //! - [`KeyedLimiter`]: one bucket per key, in a lock-free map that bounds
 //!   its memory (`max_keys`) and forgets idle keys by itself; see
 //!   [`keyed`] for what runs when, and its constants.
@@ -69,6 +72,10 @@
 //!   closest to full among a sample; the other policies refuse or admit the
 //!   new key without tracking it instead.
 //! - Keys are independent: there is no cross-key ordering.
+//! - **[`LeasedLimiter`] is the one opt-in exception to exactness**: its
+//!   threads spend tokens leased from the bucket earlier, so a window of
+//!   clock readings can admit up to `over_admission_bound()` tokens more
+//!   than the exact limiter would (proof and constants: [`leased`]).
 //! - **A quota changes while serving** (`set_quota(&self)`), read whole by
 //!   each check: a check is decided wholly at one quota, and every bucket is
 //!   kept by one rule for every limiter (see [`Quota`], "Changing a quota
@@ -105,6 +112,7 @@ mod error;
 #[cfg(feature = "tower")]
 pub mod http;
 pub mod keyed;
+pub mod leased;
 mod live;
 mod map;
 mod multi;
@@ -130,8 +138,9 @@ pub use algorithms::{Algorithm, Gcra};
 pub use clock::{Clock, DefaultClock, ManualClock, MonotonicClock, QuantaClock, RecentClock};
 pub use decision::Decision;
 pub use direct::{DirectLimiter, DirectLimiterBuilder};
-pub use error::{BatchError, CostError, QuotaError, QuotasError};
+pub use error::{BatchError, CostError, LeaseError, QuotaError, QuotasError};
 pub use keyed::{KeyedLimiter, KeyedLimiterBuilder, OverflowPolicy};
+pub use leased::{LeasedLimiter, LeasedLimiterBuilder};
 pub use multi::{
     KeyedMultiLimiter, KeyedMultiLimiterBuilder, MultiDecision, MultiLimiter, MultiLimiterBuilder,
 };

@@ -56,6 +56,21 @@ pub static ADD_TAKEN_BACK: Probe = Probe::new();
 /// A direct limiter's add met a state below its reading (lowered since
 /// its load), and was left in the bucket, which was full.
 pub static ADD_LEFT_IN_FULL_BUCKET: Probe = Probe::new();
+/// A leased limiter's spend lost its stripe's CAS to another thread of
+/// the stripe (a spend or an install).
+pub static LEASE_SPEND_RACED: Probe = Probe::new();
+/// A leased limiter's take lost the bucket's CAS to another thread, and
+/// its stripe's lease size grew.
+pub static LEASE_GREW: Probe = Probe::new();
+/// A leased limiter's install lost its stripe's CAS to another thread of
+/// the stripe.
+pub static LEASE_INSTALL_RACED: Probe = Probe::new();
+/// A leased limiter's install met a live lease taken in the same tick (by
+/// another thread of the stripe) and merged with it.
+pub static LEASE_MERGED: Probe = Probe::new();
+/// A leased limiter's install met a live lease of another tick, and the
+/// smaller of the two was dropped.
+pub static LEASE_DROPPED: Probe = Probe::new();
 /// A cell's CAS failed because another update landed first.
 pub static CAS_RETRY: Probe = Probe::new();
 /// A check's update met a tombstone: its key was evicted under it.

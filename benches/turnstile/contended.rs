@@ -1,12 +1,19 @@
 //! Groups `contended/...`: one bucket checked by every thread at once (one
 //! limit for a whole service, checked by every worker), turnstile beside
 //! governor and the floor in the same group, so the ratios come from one
-//! run. Two threads, the whole of this project's 2-core guests.
+//! run. Two threads, the whole of this project's 2-core guests, and one
+//! thread for the direct subjects (`contended/<mode>/1 thread`): the
+//! leased limiter's scaling is the ratio of the two.
 //!
 //! Subjects:
 //!
 //! - `turnstile DirectLimiter` / `governor, one bucket`
 //!   (`RateLimiter::direct`): one bucket;
+//! - `turnstile LeasedLimiter`: the same bucket, leased per stripe
+//!   (`src/leased.rs`: adaptive leases of at most 64 tokens, the default
+//!   time to live); its over-admission is measured apart
+//!   (`examples/instructions leased-over-admission`), since here every
+//!   check is admitted;
 //! - `turnstile KeyedLimiter, 1 hot key` / `governor DashMap ahash, 1 hot
 //!   key`: every thread checks the same key;
 //!
@@ -41,9 +48,9 @@ use std::time::Duration;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput};
 use crossbeam_utils::CachePadded;
-use turnstile_rl::{Clock, DirectLimiter, KeyedLimiter, QuantaClock, Quota};
+use turnstile_rl::{Clock, DirectLimiter, KeyedLimiter, LeasedLimiter, QuantaClock, Quota};
 
-use crate::keyed::{parallel, Governor};
+use crate::keyed::{parallel, threads_label, Governor};
 
 const THREADS: usize = 2;
 const HOT: u64 = 7;
@@ -120,10 +127,11 @@ impl Floor {
     }
 }
 
-/// Times `check` on every thread at once; with `retries`, prints the CAS
-/// retries per check it counted over every check the subject ran.
+/// Times `check` on `threads` threads at once; with `retries`, prints the
+/// CAS retries per check it counted over every check the subject ran.
 fn run(
     group: &mut BenchmarkGroup<'_, WallTime>,
+    threads: usize,
     name: &str,
     retries: Option<&dyn Fn() -> u64>,
     check: impl Fn(usize) -> bool + Sync,
@@ -136,8 +144,8 @@ fn run(
     let before = retries.map(|count| count());
     group.bench_function(name, |b| {
         b.iter_custom(|iters| {
-            checks.fetch_add(iters * THREADS as u64, Ordering::Relaxed);
-            parallel(THREADS, iters, |thread| {
+            checks.fetch_add(iters * threads as u64, Ordering::Relaxed);
+            parallel(threads, iters, |thread| {
                 let check = &check;
                 move || check(black_box(thread))
             })
@@ -158,48 +166,77 @@ fn run(
 pub fn bench(c: &mut Criterion) {
     let turnstile_retries = || turnstile_rl::__private::cas_retries();
     for load in [Load::UnderLoad, Load::BelowRate] {
-        let mut group = c.benchmark_group(format!("contended/{}/2 threads", load.name()));
-        group.throughput(Throughput::Elements(THREADS as u64));
-
-        let direct = DirectLimiter::new(load.quota());
-        run(
-            &mut group,
-            "turnstile DirectLimiter",
-            Some(&turnstile_retries),
-            |_| direct.check().is_allowed(),
-        );
-        let governor = governor::RateLimiter::direct(load.governor());
-        run(&mut group, "governor, one bucket", None, |_| {
-            governor.check().is_ok()
-        });
-        let keyed = KeyedLimiter::<u64>::new(load.quota());
-        run(
-            &mut group,
-            "turnstile KeyedLimiter, 1 hot key",
-            Some(&turnstile_retries),
-            |_| keyed.check(black_box(&HOT)).is_allowed(),
-        );
-        let governor =
-            Governor::<u64, _>::dashmap_with_hasher(load.governor(), ahash::RandomState::new());
-        run(
-            &mut group,
-            "governor DashMap ahash, 1 hot key",
-            None,
-            |_| governor.check_key(black_box(&HOT)).is_ok(),
-        );
-        let floor = Floor {
-            clock: QuantaClock::new(),
-            interval: load.bucket().0.as_nanos() as u64,
-            state: CachePadded::new(AtomicU64::new(0)),
-            retries: [const { CachePadded::new(AtomicU64::new(0)) }; THREADS],
-        };
-        let floor_retries = || floor.retries();
-        run(
-            &mut group,
-            "floor: CAS loop on one word",
-            Some(&floor_retries),
-            |thread| floor.check(thread),
-        );
-        group.finish();
+        for threads in [1, THREADS] {
+            let mut group = c.benchmark_group(format!(
+                "contended/{}/{}",
+                load.name(),
+                threads_label(threads)
+            ));
+            group.throughput(Throughput::Elements(threads as u64));
+            direct_subjects(&mut group, threads, load);
+            if threads > 1 {
+                let keyed = KeyedLimiter::<u64>::new(load.quota());
+                run(
+                    &mut group,
+                    threads,
+                    "turnstile KeyedLimiter, 1 hot key",
+                    Some(&turnstile_retries),
+                    |_| keyed.check(black_box(&HOT)).is_allowed(),
+                );
+                let governor = Governor::<u64, _>::dashmap_with_hasher(
+                    load.governor(),
+                    ahash::RandomState::new(),
+                );
+                run(
+                    &mut group,
+                    threads,
+                    "governor DashMap ahash, 1 hot key",
+                    None,
+                    |_| governor.check_key(black_box(&HOT)).is_ok(),
+                );
+            }
+            let floor = Floor {
+                clock: QuantaClock::new(),
+                interval: load.bucket().0.as_nanos() as u64,
+                state: CachePadded::new(AtomicU64::new(0)),
+                retries: [const { CachePadded::new(AtomicU64::new(0)) }; THREADS],
+            };
+            let floor_retries = || floor.retries();
+            run(
+                &mut group,
+                threads,
+                "floor: CAS loop on one word",
+                Some(&floor_retries),
+                |thread| floor.check(thread),
+            );
+            group.finish();
+        }
     }
+}
+
+/// One bucket three ways: exact, leased, and governor's.
+fn direct_subjects(group: &mut BenchmarkGroup<'_, WallTime>, threads: usize, load: Load) {
+    let turnstile_retries = || turnstile_rl::__private::cas_retries();
+    let direct = DirectLimiter::new(load.quota());
+    run(
+        group,
+        threads,
+        "turnstile DirectLimiter",
+        Some(&turnstile_retries),
+        |_| direct.check().is_allowed(),
+    );
+    let leased = LeasedLimiter::builder(load.quota())
+        .build()
+        .expect("the default leases fit the quota");
+    run(
+        group,
+        threads,
+        "turnstile LeasedLimiter",
+        Some(&turnstile_retries),
+        |_| leased.check().is_allowed(),
+    );
+    let governor = governor::RateLimiter::direct(load.governor());
+    run(group, threads, "governor, one bucket", None, |_| {
+        governor.check().is_ok()
+    });
 }

@@ -469,7 +469,7 @@ where
     })
 }
 
-fn threads_label(threads: usize) -> String {
+pub(crate) fn threads_label(threads: usize) -> String {
     match threads {
         1 => "1 thread".to_owned(),
         n => format!("{n} threads"),

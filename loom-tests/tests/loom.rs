@@ -30,7 +30,8 @@ use turnstile_rl::__private::loom_stripe;
 use turnstile_rl::algorithms::{Algorithm, FixedWindow};
 use turnstile_rl::probe::{self, Probe};
 use turnstile_rl::{
-    DirectLimiter, KeyedLimiter, ManualClock, MultiLimiter, OverflowPolicy, Quota, Quotas,
+    DirectLimiter, KeyedLimiter, LeasedLimiter, ManualClock, MultiLimiter, OverflowPolicy, Quota,
+    Quotas,
 };
 
 /// Runs `body` under loom on a thread with room for the map's
@@ -145,6 +146,108 @@ fn direct_adds_race_for_the_last_token() {
         since,
         &probe::ADD_TAKEN_BACK,
         "an add that met the other's admission, taken back",
+    );
+}
+
+/// A leased limiter (`crate::leased`) with one stripe, fixed leases of
+/// two and a burst of four, on a clock that never moves: everything is
+/// taken at one reading, so exactly as much passes as the bucket holds,
+/// the four tokens, or fewer where two installs met (a merge keeps at most
+/// one token), never more.
+fn leased() -> Arc<LeasedLimiter<ManualClock>> {
+    Arc::new(
+        LeasedLimiter::builder(quota(4))
+            .clock(ManualClock::new())
+            .max_lease(2)
+            .stripes(1)
+            .adaptive(false)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// Checks `limiter` until a denial: the admissions.
+fn drain(limiter: &LeasedLimiter<ManualClock>) -> usize {
+    std::iter::from_fn(|| limiter.check().is_allowed().then_some(())).count()
+}
+
+/// Two checks race for a lease's last token: the first check took a
+/// lease of two and kept one; this thread and another both find it. One
+/// spends it, the other (its CAS lost, or finding the lease spent) takes
+/// the bucket's last two and keeps one: both pass, one token is left,
+/// and the bucket passes nothing more.
+#[test]
+fn two_spends_race_for_a_leases_last_token() {
+    let since = model(|| {
+        let limiter = leased();
+        assert!(limiter.check().is_allowed());
+        let other = limiter.clone();
+        let a = spawn(move || other.check().is_allowed());
+        assert!(limiter.check().is_allowed());
+        assert!(a.join().unwrap());
+        assert_eq!(drain(&limiter), 1, "the one token kept, and nothing more");
+    });
+    reached(
+        since,
+        &probe::LEASE_SPEND_RACED,
+        "a spend that lost the lease's last token to the other",
+    );
+}
+
+/// Two checks of one stripe find it empty at once and both take a lease
+/// from the bucket: one take's CAS loses to the other's, and the second
+/// install meets the first's lease (same tick) and merges with it, capped
+/// at `max_lease - 1`. Both pass; what the bucket gives in all is at most
+/// its four tokens and at least three (one dropped by the cap).
+#[test]
+fn two_takes_race_and_merge_their_leases() {
+    let since = model(|| {
+        let limiter = leased();
+        let other = limiter.clone();
+        let a = spawn(move || other.check().is_allowed());
+        assert!(limiter.check().is_allowed());
+        assert!(a.join().unwrap());
+        let total = 2 + drain(&limiter);
+        assert!((3..=4).contains(&total), "{total} passed of a burst of 4");
+    });
+    reached(
+        since,
+        &probe::CAS_RETRY,
+        "a take that lost the bucket's CAS",
+    );
+    reached(
+        since,
+        &probe::LEASE_MERGED,
+        "an install that met the other's lease of its tick",
+    );
+}
+
+/// Adaptive leases (the default): two checks of one stripe take one token
+/// each at once, and the one whose take lost the bucket's CAS doubles the
+/// stripe's lease size, so the next take leases two. Whatever the
+/// interleaving, on a clock that never moves exactly the burst passes: a
+/// lease that grew hands out the tokens it took, no more.
+#[test]
+fn a_lost_take_grows_the_lease_within_the_burst() {
+    let since = model(|| {
+        let limiter = Arc::new(
+            LeasedLimiter::builder(quota(4))
+                .clock(ManualClock::new())
+                .max_lease(2)
+                .stripes(1)
+                .build()
+                .unwrap(),
+        );
+        let other = limiter.clone();
+        let a = spawn(move || other.check().is_allowed());
+        assert!(limiter.check().is_allowed());
+        assert!(a.join().unwrap());
+        assert_eq!(2 + drain(&limiter), 4, "exactly the burst");
+    });
+    reached(
+        since,
+        &probe::LEASE_GREW,
+        "a take that lost the bucket's CAS, growing the lease",
     );
 }
 

@@ -110,6 +110,33 @@ impl Gcra {
     }
 }
 
+impl Gcra {
+    /// Whole tokens a bucket whose theoretical arrival time is `tat` holds
+    /// at `now`: what a leased limiter's take can have at most
+    /// (`crate::leased`).
+    #[inline]
+    pub(crate) fn available(&self, tat: u64, now: u64) -> u64 {
+        let backlog = tat.max(now) - now;
+        self.tolerance.saturating_sub(backlog) / self.interval
+    }
+
+    /// The answer to an admission that left the bucket at `tat` (or was
+    /// served from a lease taken when it did) with `left` tokens of the
+    /// caller's lease unspent. With `left == 0` and `tat` the state the
+    /// admission wrote, exactly [`decision`](sealed::Sealed::decision)'s.
+    #[inline]
+    pub(crate) fn leased_decision(&self, tat: u64, now: u64, left: u64) -> Decision {
+        let backlog = tat.max(now) - now;
+        let leased = left.min(self.burst.get()) * self.interval.get();
+        let headroom = self
+            .tolerance
+            .saturating_sub(backlog)
+            .saturating_add(leased)
+            .min(self.tolerance);
+        Decision::allowed(self.burst.get(), headroom, self.interval, backlog)
+    }
+}
+
 impl sealed::Sealed for Gcra {
     #[inline]
     fn to_words(&self) -> [u64; sealed::WORDS] {
