@@ -192,6 +192,12 @@ impl sealed::Sealed for Gcra {
     }
 
     #[inline]
+    fn leaves_room(&self, next: u64, now: u64, tokens: u64) -> bool {
+        // `next >= now`: an additive admission writes past its reading.
+        (next - now).saturating_add(tokens.saturating_mul(self.interval.get())) <= self.tolerance
+    }
+
+    #[inline]
     fn taken_back(&self, tat: u64, reading: u64, after: u64, now: u64, cost: u64) -> Option<u64> {
         let charge = Charge {
             now: reading,

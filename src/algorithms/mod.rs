@@ -193,6 +193,17 @@ pub(crate) mod sealed {
             false
         }
 
+        /// Whether the admission that writes `next` at `now` leaves room
+        /// for `tokens` more of cost 1: where a direct limiter tries an
+        /// add (`crate::direct`, "Near the boundary"), so that the adds of
+        /// other threads landing before its own do not overshoot the
+        /// bucket. Only asked of an [`additive`](Sealed::additive)
+        /// admission.
+        #[inline]
+        fn leaves_room(&self, _next: u64, _now: u64, _tokens: u64) -> bool {
+            false
+        }
+
         /// The state after taking the add of an
         /// [`additive`](Sealed::additive) admission of `cost`, made as an admission at `reading` that wrote
         /// `after`, out of `state` at `now`; `None` to leave `state` as it
