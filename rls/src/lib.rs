@@ -5,6 +5,7 @@
 //! - [`config`]: the YAML files, checked, with errors naming file, line and field;
 //! - [`rules`]: the compiled descriptor tree and envoyproxy/ratelimit's lookup;
 //! - [`bucket`]: one limit's state, in-process (`KeyedLimiter`) or in Redis;
+//! - [`redis_gcra`]: GCRA in Redis, a request's descriptors in one script call;
 //! - [`engine`]: the live rules, reloads, and the answer to a request;
 //! - [`service`]: the gRPC service; [`server`]: listeners and SIGHUP;
 //! - [`window`], [`redis_windows`]: envoyproxy/ratelimit's fixed windows, here or in Redis;
@@ -22,6 +23,7 @@ pub mod engine;
 pub mod load;
 pub mod logging;
 pub mod peer_env;
+pub mod redis_gcra;
 pub mod redis_health;
 pub mod redis_windows;
 pub mod rules;

@@ -60,6 +60,12 @@ pub struct Settings {
     /// What a descriptor gets when Redis cannot answer.
     #[arg(long, env = "TURNSTILE_RLS_REDIS_FAILURE_POLICY", value_enum, default_value_t = FailurePolicyName::Open)]
     pub redis_failure_policy: FailurePolicyName,
+    /// GCRA in Redis: take up to this many tokens of a key per Redis call
+    /// and spend them here, so a hot key costs one call per lease, not per
+    /// decision (at most `instances x (lease - 1)` admissions over the
+    /// limit in any window); 0 (the default): one call per decision.
+    #[arg(long, env = "TURNSTILE_RLS_REDIS_LEASE", default_value_t = 0)]
+    pub redis_lease: u64,
     /// Add the IETF `RateLimit` and `RateLimit-Policy` headers to every answer.
     #[arg(long, env = "TURNSTILE_RLS_RESPONSE_HEADERS")]
     pub response_headers: bool,
@@ -169,6 +175,8 @@ pub struct RedisSettings {
     pub failure_policy: FailurePolicyName,
     /// `--max-keys`, for the local fallback.
     pub max_keys: usize,
+    /// `--redis-lease`: tokens per lease (0 or 1: no leases).
+    pub lease: u64,
 }
 
 impl Settings {
@@ -201,6 +209,7 @@ impl Settings {
                 timeout: Duration::from_millis(self.redis_timeout_ms),
                 failure_policy: self.redis_failure_policy,
                 max_keys: self.max_keys,
+                lease: self.redis_lease,
             }),
         }
     }

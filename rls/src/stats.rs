@@ -13,6 +13,8 @@ use std::sync::Arc;
 use metrics::{Counter, Key, Label, Metadata, Recorder};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 
+use turnstile_rl::redis::MetricsSnapshot;
+
 use crate::bucket::Bucket;
 
 const TARGET: &str = "turnstile_rls";
@@ -94,26 +96,29 @@ impl ServiceStats {
         }
     }
 
-    /// The text of `/metrics`: the counters, and the gauges of `limits`
-    /// (each named `domain.path`) read now.
-    pub fn render(&self, limits: &[(String, Arc<Bucket>)]) -> String {
+    /// The text of `/metrics`: the counters, the gauges of `limits` (each
+    /// named `domain.path`) read now, and the service's Redis figures.
+    pub fn render(
+        &self,
+        limits: &[(String, Arc<Bucket>)],
+        redis: Option<MetricsSnapshot>,
+    ) -> String {
         for (name, bucket) in limits {
-            match &**bucket {
-                Bucket::Redis(limiter) => self.redis_gauges(name, limiter),
-                bucket => {
-                    if let Some(stats) = bucket.stats() {
-                        // The engine's own export, into this service's recorder.
-                        metrics::with_local_recorder(&*self.recorder, || stats.record(name));
-                    }
-                }
+            if let Some(stats) = bucket.stats() {
+                // The engine's own export, into this service's recorder.
+                metrics::with_local_recorder(&*self.recorder, || stats.record(name));
             }
+        }
+        if let Some(m) = redis {
+            self.redis_gauges(&m);
         }
         self.recorder.handle().render()
     }
 
-    fn redis_gauges(&self, name: &str, limiter: &turnstile_rl::redis::RedisLimiter) {
-        let m = limiter.metrics();
-        let labels = || vec![Label::new("limiter", name.to_owned())];
+    /// Every GCRA limit's Redis calls together: they share one connection
+    /// and breaker, so one series each, with no `limiter` label.
+    fn redis_gauges(&self, m: &MetricsSnapshot) {
+        let labels = Vec::new;
         for (metric, value) in [
             ("turnstile_redis_calls_total", m.redis_calls),
             ("turnstile_redis_errors_total", m.redis_errors),
