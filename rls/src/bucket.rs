@@ -1,6 +1,6 @@
 //! `Bucket`: the state of one configured limit, in-process or in Redis.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use turnstile_rl::{Clock, Decision, KeyedLimiter, Quota};
 
@@ -33,6 +33,9 @@ pub struct Outcome {
     pub decision: Option<Decision>,
     /// A look (cost 0): `decision` is what one more hit would get.
     pub looked: bool,
+    /// Answered by the local over-limit cache, with no Redis call: the
+    /// refusal holds until then.
+    pub cached: Option<Instant>,
 }
 
 impl Outcome {
@@ -42,6 +45,7 @@ impl Outcome {
             allowed: false,
             decision: None,
             looked: false,
+            cached: None,
         }
     }
 
@@ -125,6 +129,7 @@ pub(crate) fn decide_local<C: Clock, A: turnstile_rl::Algorithm>(
                     allowed: false,
                     decision: Some(limiter.peek(key)),
                     looked: true,
+                    cached: None,
                 }
             }
         }
@@ -133,6 +138,7 @@ pub(crate) fn decide_local<C: Clock, A: turnstile_rl::Algorithm>(
         allowed: decision.is_allowed(),
         decision: Some(decision),
         looked: cost == 0,
+        cached: None,
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
@@ -18,12 +18,13 @@ use turnstile_rl::{Decision, Quota};
 
 use crate::bucket::{quota, Bucket, Outcome};
 use crate::config::{ConfigError, ConfigSet, Limit, Unit};
+use crate::over_limit_cache::OverLimitCache;
 use crate::redis_gcra::{Asked, RedisGcra};
 use crate::redis_windows::{RedisWindowSettings, RedisWindows};
 use crate::rules::{
     push_part, push_path, push_window_part, window_key_start, Buckets, Match, Rule, Rules,
 };
-use crate::settings::{BackendSettings, Settings};
+use crate::settings::{BackendName, BackendSettings, Settings};
 use crate::stats::{DescriptorStats, ServiceStats};
 use crate::window::{WindowCount, WindowCounters, WindowHit};
 
@@ -92,6 +93,8 @@ struct Figures {
     after: u64,
     /// GCRA's decision, for the IETF headers.
     decision: Option<Decision>,
+    /// Answered by the local over-limit cache (`LOCAL_CACHE_SIZE_IN_BYTES`).
+    cached: bool,
 }
 
 impl Figures {
@@ -106,6 +109,7 @@ impl Figures {
             before: count.before,
             after: count.after,
             decision: None,
+            cached: count.cached,
         }
     }
 
@@ -129,10 +133,15 @@ impl Figures {
             } else {
                 u32::try_from(left).unwrap_or(u32::MAX)
             },
-            until_reset: (hits <= rpu).then(|| outcome.until_reset(limit.unit.duration())),
+            until_reset: match outcome.cached {
+                // The cached refusal's own end, not its decision's (older) wait.
+                Some(until) => Some(until.saturating_duration_since(Instant::now())),
+                None => (hits <= rpu).then(|| outcome.until_reset(limit.unit.duration())),
+            },
             before,
             after,
             decision: outcome.decision,
+            cached: outcome.cached.is_some(),
         }
     }
 }
@@ -195,10 +204,20 @@ impl Engine {
             descriptor: String::new(),
             message,
         };
-        let redis = match settings.backend_settings() {
-            BackendSettings::Redis(redis) => {
-                Some(RedisGcra::new(&redis).await.map_err(unservable)?)
+        // The peer's over-limit cache saves Redis calls: in-process
+        // backends decide here already.
+        let cache = match settings.backend {
+            BackendName::Redis => {
+                OverLimitCache::new(settings.local_cache_size_in_bytes).map(Arc::new)
             }
+            BackendName::Memory => None,
+        };
+        let redis = match settings.backend_settings() {
+            BackendSettings::Redis(redis) => Some(
+                RedisGcra::new(&redis, cache.clone())
+                    .await
+                    .map_err(unservable)?,
+            ),
             BackendSettings::InProcess { .. } => None,
         };
         let windows = match settings.backend_settings() {
@@ -213,6 +232,7 @@ impl Engine {
                     timeout: redis.timeout,
                     policy: redis.failure_policy,
                     max_keys: redis.max_keys,
+                    cache,
                 })
                 .map_err(|e| {
                     unservable(format!(
@@ -525,6 +545,9 @@ impl Engine {
         let near = (rpu as f32 * self.settings.near_limit_ratio as f32).floor() as u64;
         let (before, after) = (figures.before, figures.after);
         stats.total_hits.increment(hits);
+        if figures.cached {
+            stats.over_limit_with_local_cache.increment(hits);
+        }
         if figures.over {
             if before >= rpu {
                 stats.over_limit.increment(hits);

@@ -9,6 +9,7 @@
 //! - [`engine`]: the live rules, reloads, and the answer to a request;
 //! - [`service`]: the gRPC service; [`server`]: listeners and SIGHUP;
 //! - [`window`], [`redis_windows`]: envoyproxy/ratelimit's fixed windows, here or in Redis;
+//! - [`over_limit_cache`]: keys Redis refused, answered here until their refusal ends;
 //! - [`stats`]: the Prometheus metrics; [`settings`]: flags and environment;
 //! - [`peer_env`]: envoyproxy/ratelimit's environment variables as defaults;
 //! - [`watch`]: reloads when the configuration directory changes;
@@ -22,6 +23,7 @@ pub mod config;
 pub mod engine;
 pub mod load;
 pub mod logging;
+pub mod over_limit_cache;
 pub mod peer_env;
 pub mod redis_gcra;
 pub mod redis_health;

@@ -113,6 +113,12 @@ pub struct Settings {
     /// milliseconds (a change reloads it, as SIGHUP does); 0: never.
     #[arg(long, env = "TURNSTILE_RLS_WATCH_INTERVAL_MS", default_value_t = 1000)]
     pub watch_interval_ms: u64,
+    /// With Redis, keys Redis answered over their limit are answered over
+    /// their limit here, with no Redis call, until their window or refusal
+    /// ends, in a cache of about this many bytes (envoyproxy/ratelimit's
+    /// setting); 0 (the default): off.
+    #[arg(long, env = "LOCAL_CACHE_SIZE_IN_BYTES", default_value_t = 0)]
+    pub local_cache_size_in_bytes: usize,
     /// Fixed windows in Redis: the prefix of every key (the peer's
     /// `CACHE_KEY_PREFIX`; keys are then the peer's own).
     #[arg(long, env = "CACHE_KEY_PREFIX", default_value = "")]

@@ -4,7 +4,7 @@
 //!
 //! Names follow envoyproxy/ratelimit's default Prometheus mapping of its
 //! `ratelimit.service.rate_limit.DOMAIN.KEY_VALUE.STAT` statistics:
-//! `ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode}`,
+//! `ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode,over_limit_with_local_cache}`,
 //! labelled `domain` and `descriptor` (the `KEY_VALUE` path, for example
 //! `key_value.key`). Counts are hits (a request's cost), as there.
 
@@ -55,6 +55,9 @@ pub struct DescriptorStats {
     pub within_limit: Counter,
     /// Hits over the limit that shadow mode let through.
     pub shadow_mode: Counter,
+    /// Hits answered over the limit by the local over-limit cache, with
+    /// no Redis call (also counted in `over_limit`, as the peer counts them).
+    pub over_limit_with_local_cache: Counter,
 }
 
 impl Default for ServiceStats {
@@ -93,6 +96,9 @@ impl ServiceStats {
             near_limit: c("ratelimit_service_rate_limit_near_limit"),
             within_limit: c("ratelimit_service_rate_limit_within_limit"),
             shadow_mode: c("ratelimit_service_rate_limit_shadow_mode"),
+            over_limit_with_local_cache: c(
+                "ratelimit_service_rate_limit_over_limit_with_local_cache",
+            ),
         }
     }
 

@@ -6,6 +6,7 @@ use crate::support;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use support::{settings, start, ConfigDir, Harness};
+use turnstile_rls::config::Algorithm;
 use turnstile_rls::redis_health::{RedisEvent, RedisHealth};
 use turnstile_rls::settings::{BackendName, FailurePolicyName};
 use turnstile_test_kit::redis_server::{redis_cli, RedisServer};
@@ -207,9 +208,9 @@ descriptors:
   - key: user
     rate_limit: { unit: hour, requests_per_unit: 3 }
   - key: ip
-    rate_limit: { unit: minute, requests_per_unit: 100 }
+    rate_limit: { unit: day, requests_per_unit: 100 }
   - key: path
-    rate_limit: { unit: second, requests_per_unit: 5 }
+    rate_limit: { unit: day, requests_per_unit: 5 }
 "#;
 
 /// Calls of `command` Redis counted since the last `CONFIG RESETSTAT`.
@@ -325,4 +326,127 @@ async fn leased_instances_admit_at_most_the_limit_plus_their_leases() {
         admitted += b.admitted("r", &[("user", "u")], 2).await;
     }
     assert!((10..=18).contains(&admitted), "{admitted}");
+}
+
+/// An instance on `redis` with the peer's over-limit cache on.
+fn cached(dir: &ConfigDir, redis: &RedisServer, algorithm: Algorithm) -> turnstile_rls::Settings {
+    let mut s = leased(dir, redis, 0);
+    s.local_cache_size_in_bytes = 1 << 20;
+    s.default_algorithm = algorithm;
+    s
+}
+
+/// Six hits on a limit of 3.
+const THREE_THEN_OVER: [Code; 6] = [
+    Code::Ok,
+    Code::Ok,
+    Code::Ok,
+    Code::OverLimit,
+    Code::OverLimit,
+    Code::OverLimit,
+];
+
+/// The cache's statistic for `r`'s `user` limit.
+async fn cached_hits(h: &Harness) -> f64 {
+    support::stat(
+        &h.metrics().await,
+        "r",
+        "user",
+        "over_limit_with_local_cache",
+    )
+}
+
+/// `LOCAL_CACHE_SIZE_IN_BYTES` with fixed windows: once Redis counts a key
+/// over its limit, the next hits of that window are answered over the
+/// limit here, with no Redis call and no count there (as the peer's cache
+/// does), and counted in `over_limit` and `over_limit_with_local_cache`;
+/// another key still goes to Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_over_limit_cache_answers_a_window_over_its_limit_without_redis() {
+    let redis = RedisServer::start().expect("redis-server");
+    let dir = user_limit("{ unit: day, requests_per_unit: 3 }");
+    let mut h = start(cached(&dir, &redis, Algorithm::FixedWindow)).await;
+    reset_redis_stats(&redis);
+    let codes = h.codes("r", &[("user", "u")], 6).await;
+    assert_eq!(codes, THREE_THEN_OVER);
+    assert_eq!(
+        redis_calls(&redis, "incrby"),
+        4,
+        "the last two hits made no call"
+    );
+    let mut conn = redis_client(&redis).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs();
+    let key = format!("r_user_u_{}", now / 86_400 * 86_400);
+    let count: u64 = redis::cmd("GET")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .expect("GET");
+    assert_eq!(
+        count, 4,
+        "cached hits are not counted in Redis, as the peer's"
+    );
+    assert_eq!(cached_hits(&h).await, 2.0);
+    assert_eq!(
+        support::stat(&h.metrics().await, "r", "user", "over_limit"),
+        3.0
+    );
+    assert_eq!(h.admitted("r", &[("user", "other")], 1).await, 1);
+    assert_eq!(redis_calls(&redis, "incrby"), 5);
+}
+
+/// `LOCAL_CACHE_SIZE_IN_BYTES` with GCRA: a key Redis refused one hit is
+/// refused here until its `retry_after`, with no call; the answer still
+/// says how long until it passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_over_limit_cache_answers_a_refused_gcra_key_without_redis() {
+    let redis = RedisServer::start().expect("redis-server");
+    let dir = user_limit("{ unit: hour, requests_per_unit: 3 }");
+    let mut h = start(cached(&dir, &redis, Algorithm::Gcra)).await;
+    // Load the script (a first call may meet NOSCRIPT).
+    assert_eq!(h.admitted("r", &[("user", "warm-up")], 1).await, 1);
+    reset_redis_stats(&redis);
+    let codes = h.codes("r", &[("user", "u")], 6).await;
+    assert_eq!(codes, THREE_THEN_OVER);
+    assert_eq!(
+        redis_calls(&redis, "evalsha"),
+        4,
+        "the last two refusals made no call"
+    );
+    assert_eq!(cached_hits(&h).await, 2.0);
+    let response = h
+        .ask(support::request(
+            "r",
+            vec![support::descriptor(&[("user", "u")])],
+        ))
+        .await;
+    let wait = response.statuses[0]
+        .duration_until_reset
+        .as_ref()
+        .expect("a refusal says when");
+    assert!(
+        (1_000..=1_200).contains(&wait.seconds),
+        "about 20 minutes: {wait:?}"
+    );
+    assert_eq!(redis_calls(&redis, "evalsha"), 4);
+}
+
+/// The cache is off unless `LOCAL_CACHE_SIZE_IN_BYTES` says a size, as the
+/// peer's: read under the peer's name, 0 by default.
+#[test]
+fn the_over_limit_cache_is_the_peers_variable_and_off_by_default() {
+    use clap::CommandFactory;
+    let command = turnstile_rls::Settings::command();
+    let arg = command
+        .get_arguments()
+        .find(|a| a.get_id() == "local_cache_size_in_bytes")
+        .expect("the setting");
+    assert_eq!(
+        arg.get_env().and_then(|e| e.to_str()),
+        Some("LOCAL_CACHE_SIZE_IN_BYTES")
+    );
+    assert_eq!(arg.get_default_values(), ["0"]);
 }
