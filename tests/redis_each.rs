@@ -92,7 +92,12 @@ async fn requests_on_several_limits_decide_as_each_limiter_alone() -> TestResult
                 let limit = (rng.next() % 3) as usize;
                 let burst = quotas[limit].burst_size();
                 let key = format!("k{}", rng.next() % 3);
-                (limit, key, 1 + rng.next() % burst, rng.next().is_multiple_of(5))
+                (
+                    limit,
+                    key,
+                    1 + rng.next() % burst,
+                    rng.next().is_multiple_of(5),
+                )
             })
             .collect();
         let requests: Vec<EachRequest<'_>> = asked

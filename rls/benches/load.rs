@@ -11,6 +11,7 @@
 //! ```sh
 //! cargo bench -p turnstile-rls --bench load            # defaults below
 //! RLS_LOAD_REQUESTS=400000 cargo bench -p turnstile-rls --bench load
+//! RLS_LOAD_ROWS=in-process cargo bench -p turnstile-rls --bench load   # one row (the empty service still runs: it is the floor)
 //! ```
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
@@ -94,6 +95,12 @@ fn print_row(row: &Row, floor: f64) {
     );
 }
 
+/// Whether `RLS_LOAD_ROWS` (labels, comma-separated; every row when
+/// unset) asks for the row `label`: a profile can run one row alone.
+fn wanted(label: &str) -> bool {
+    std::env::var("RLS_LOAD_ROWS").map_or(true, |rows| rows.split(',').any(|r| r.trim() == label))
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -145,7 +152,10 @@ fn main() {
             ..plan.clone()
         };
         let measure = |label: &'static str, settings: Settings| {
-            runtime.block_on(async {
+            if !wanted(label) {
+                return None;
+            }
+            Some(runtime.block_on(async {
                 let service = turnstile_rls::start(settings)
                     .await
                     .expect("the service starts");
@@ -165,7 +175,7 @@ fn main() {
                     report,
                     calls_per_decision,
                 }
-            })
+            }))
         };
         let empty = runtime.block_on(async {
             let addr = empty_service().await;
@@ -177,36 +187,36 @@ fn main() {
             }
         });
         let floor = empty.report.rate();
-        print_row(&empty, floor);
-        print_row(
-            &measure("in-process", settings(BackendName::Memory, None)),
-            floor,
-        );
+        if wanted(empty.label) {
+            print_row(&empty, floor);
+        }
+        let print = |row: Option<Row>| {
+            if let Some(row) = row {
+                print_row(&row, floor);
+            }
+        };
+        print(measure("in-process", settings(BackendName::Memory, None)));
         let Some(redis) = &redis else {
             println!("| redis | skipped: no redis-server on PATH |");
             continue;
         };
         let url = redis.url();
-        print_row(
-            &measure(
-                "redis, per decision",
-                settings(BackendName::Redis, Some(&url)),
-            ),
-            floor,
-        );
+        print(measure(
+            "redis, per decision",
+            settings(BackendName::Redis, Some(&url)),
+        ));
         for (label, lease) in [("redis, leases of 10", 10), ("redis, leases of 100", 100)] {
             let mut leased = settings(BackendName::Redis, Some(&url));
             leased.redis_lease = lease;
-            print_row(&measure(label, leased), floor);
+            print(measure(label, leased));
         }
         let mut windows = settings(BackendName::Redis, Some(&url));
         windows.default_algorithm = Algorithm::FixedWindow;
         // Its pipeline is not the GCRA path the counter reads.
-        let windows = Row {
+        print(measure("redis, fixed window", windows).map(|row| Row {
             calls_per_decision: None,
-            ..measure("redis, fixed window", windows)
-        };
-        print_row(&windows, floor);
+            ..row
+        }));
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
