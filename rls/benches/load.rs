@@ -3,7 +3,9 @@
 //! service answering OK with no work (the floor the engine cannot beat),
 //! the in-process backend, and Redis (a server started here, when
 //! `redis-server` is on PATH): GCRA with one Redis call per decision, with
-//! leases of 10 and of 100 (`--redis-lease`), and the peer's fixed windows.
+//! leases of 10 and of 100 (`--redis-lease`), and the peer's fixed windows;
+//! then the three GCRA rows again with Redis behind a proxy that delays
+//! each way (a Redis across a network rather than on loopback).
 //! Each at 1 call in flight on 1 connection, then 64 on 4; each row says
 //! its decisions a second (and as a share of the empty service's), p50,
 //! p99, p99.9, and the Redis calls per decision the service counted.
@@ -93,6 +95,75 @@ fn print_row(row: &Row, floor: f64) {
         calls,
         r.over_limit + r.errors,
     );
+}
+
+/// The delay the far Redis's proxy adds each way (tokio's timer rounds it
+/// up to its 1 ms tick).
+const FAR: std::time::Duration = std::time::Duration::from_micros(500);
+
+/// A loopback proxy to the Redis on `port` that passes every chunk on
+/// `delay` after it arrived, each way, in order.
+async fn delayed_proxy(port: u16, delay: std::time::Duration) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+                continue;
+            };
+            let _ = (client.set_nodelay(true), server.set_nodelay(true));
+            let (client_read, client_write) = client.into_split();
+            let (server_read, server_write) = server.into_split();
+            tokio::spawn(delayed_copy(client_read, server_write, delay));
+            tokio::spawn(delayed_copy(server_read, client_write, delay));
+        }
+    });
+    addr
+}
+
+/// Copies `from` to `to`, each chunk `delay` after it was read.
+async fn delayed_copy(
+    from: tokio::net::tcp::OwnedReadHalf,
+    to: tokio::net::tcp::OwnedWriteHalf,
+    delay: std::time::Duration,
+) {
+    let (chunks, mut due) =
+        tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    tokio::spawn(async move {
+        while let Some((at, bytes)) = due.recv().await {
+            tokio::time::sleep_until(at).await;
+            let mut rest = &bytes[..];
+            while !rest.is_empty() {
+                if to.writable().await.is_err() {
+                    return;
+                }
+                match to.try_write(rest) {
+                    Ok(n) => rest = &rest[n..],
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => return,
+                }
+            }
+        }
+    });
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        if from.readable().await.is_err() {
+            return;
+        }
+        match from.try_read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                let at = tokio::time::Instant::now() + delay;
+                if chunks.send((at, buf[..n].to_vec())).is_err() {
+                    return;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => return,
+        }
+    }
 }
 
 /// Whether `RLS_LOAD_ROWS` (labels, comma-separated; every row when
@@ -217,6 +288,23 @@ fn main() {
             calls_per_decision: None,
             ..row
         }));
+        // The same Redis behind a proxy that holds every chunk a while each
+        // way, as a Redis across a network is: what a round trip saved is
+        // worth when it is not a loopback one.
+        let far = runtime.block_on(delayed_proxy(redis.port(), FAR));
+        let far_url = format!("redis://{far}");
+        print(measure(
+            "far redis, per decision",
+            settings(BackendName::Redis, Some(&far_url)),
+        ));
+        for (label, lease) in [
+            ("far redis, leases of 10", 10),
+            ("far redis, leases of 100", 100),
+        ] {
+            let mut leased = settings(BackendName::Redis, Some(&far_url));
+            leased.redis_lease = lease;
+            print(measure(label, leased));
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
