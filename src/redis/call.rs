@@ -153,6 +153,11 @@ impl CallPath {
         }
     }
 
+    /// The most one call may take.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Whether this is a Cluster: a call's keys must then share a slot.
     pub(crate) fn is_cluster(&self) -> bool {
         self.connection.is_cluster()

@@ -19,6 +19,7 @@ use std::time::Instant;
 use redis::ScriptInvocation;
 
 use super::changing::{Changing, Versioned};
+use super::lease::{FetchGuard, Leases};
 use super::script::{decode, invocation, GcraScript};
 use super::{check_key, leases, Current, RedisBuildError, RedisLimitError, RedisLimiter, Want};
 use crate::algorithms::Algorithm;
@@ -152,18 +153,58 @@ impl RedisLimiter {
         out: &mut Vec<Decision>,
     ) {
         out.clear();
-        let now = Instant::now();
+        let spend = |r: &EachRequest<'_>, current: &Current| {
+            let leases = r.limiter.leases.as_ref().filter(|_| !r.peek)?;
+            let decision = leases.spend(
+                r.key,
+                r.cost,
+                Instant::now(),
+                current.script.burst(),
+                current.interval,
+            )?;
+            self.path.metrics().lease_hit();
+            Some(decision)
+        };
         let mut decided: Vec<Option<Decision>> = requests
             .iter()
             .zip(currents)
-            .map(|(r, current)| {
-                let leases = r.limiter.leases.as_ref().filter(|_| !r.peek)?;
-                let decision =
-                    leases.spend(r.key, r.cost, now, current.script.burst(), current.interval)?;
-                self.path.metrics().lease_hit();
-                Some(decision)
-            })
+            .map(|(r, current)| spend(r, current))
             .collect();
+        // Checks whose key's next lease is on its way in another call wait
+        // for it (holding no fetch of their own, so two calls never wait
+        // for each other), then spend it.
+        if matches!(want, Want::Lease) {
+            for (i, (r, current)) in requests.iter().zip(currents).enumerate() {
+                let Some(leases) = r.limiter.leases.as_ref().filter(|_| !r.peek) else {
+                    continue;
+                };
+                if decided[i].is_some() {
+                    continue;
+                }
+                if let Some(notify) = leases.in_flight(r.key) {
+                    leases.wait(r.key, &notify, self.path.timeout()).await;
+                    decided[i] = spend(r, current);
+                }
+            }
+        }
+        // The lease fetches this call makes: held until their replies are
+        // kept, so checks of those keys elsewhere wait for them.
+        let mut fetches: Vec<(&Leases, &[u8], FetchGuard<'_>)> = Vec::new();
+        if matches!(want, Want::Lease) {
+            for (r, decision) in requests.iter().zip(&decided) {
+                let Some(leases) = r.limiter.leases.as_ref().filter(|_| !r.peek) else {
+                    continue;
+                };
+                let ours = fetches
+                    .iter()
+                    .any(|(l, key, _)| std::ptr::eq(*l, leases) && *key == r.key);
+                if decision.is_none() && !ours {
+                    if let Some(guard) = leases.fetch(r.key) {
+                        fetches.push((leases, r.key, guard));
+                    }
+                }
+            }
+        }
         let pending: Vec<usize> = (0..requests.len())
             .filter(|&i| decided[i].is_none())
             .collect();

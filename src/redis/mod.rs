@@ -382,6 +382,13 @@ impl RedisLimiterBuilder {
     /// Lease expiry runs on the process's monotonic clock (`Instant`),
     /// whatever the limiter's [`TimeSource`].
     ///
+    /// One fetch per key at a time: a check that finds the key's lease
+    /// empty while another check's call is fetching the next one waits for
+    /// that call (at most the call timeout) and spends what it brought,
+    /// instead of sending a call of its own; so concurrent checks of a hot
+    /// key cost one round trip per lease, not one each. (Batches take no
+    /// leases and do not wait.)
+    ///
     /// The leases sit in one mutex-guarded map per limiter: a lookup is
     /// a few tens of nanoseconds, next to the tens of microseconds of the round
     /// trip it saves. Expired leases are swept when the map has grown past
