@@ -1,12 +1,11 @@
 //! `Bucket`: the state of one configured limit, in-process or in Redis.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use turnstile_rl::redis::{FailurePolicy, RedisLimiter};
 use turnstile_rl::{Clock, Decision, KeyedLimiter, Quota};
 
 use crate::config::{Algorithm, Limit};
-use crate::settings::{BackendSettings, FailurePolicyName};
+use crate::redis_gcra::{RedisBucket, RedisGcra};
 
 /// One configured limit's buckets, one per distinct request value.
 // Built once per limit and kept behind an `Arc`, never moved on a hot path.
@@ -18,8 +17,9 @@ pub enum Bucket {
     /// A fixed window, envoyproxy/ratelimit's: counted by the engine, in
     /// this process or in Redis, all of a request's windows at once.
     Window,
-    /// GCRA in Redis, shared by every instance of the service.
-    Redis(RedisLimiter),
+    /// GCRA in Redis, shared by every instance of the service (decided by
+    /// the engine, all of a request's at once).
+    Redis(RedisBucket),
     /// `requests_per_unit: 0`: every request is over the limit.
     DenyAll,
 }
@@ -33,9 +33,22 @@ pub struct Outcome {
     pub decision: Option<Decision>,
     /// A look (cost 0): `decision` is what one more hit would get.
     pub looked: bool,
+    /// Answered by the local over-limit cache, with no Redis call: the
+    /// refusal holds until then.
+    pub cached: Option<Instant>,
 }
 
 impl Outcome {
+    /// Over the limit, with no figures.
+    pub fn refused() -> Outcome {
+        Outcome {
+            allowed: false,
+            decision: None,
+            looked: false,
+            cached: None,
+        }
+    }
+
     /// Requests of cost 1 left.
     pub fn remaining(&self) -> u64 {
         // A look's decision counts the hit it did not take: one more left.
@@ -55,10 +68,13 @@ impl Outcome {
 }
 
 impl Bucket {
-    /// The bucket for `limit`; `id` names the limit in Redis keys.
-    pub async fn build(
+    /// The bucket for `limit`: in Redis through `redis` if given, else in
+    /// this process with up to `max_keys` keys; `id` names the limit in
+    /// Redis keys.
+    pub fn build(
         limit: &Limit,
-        backend: &BackendSettings,
+        redis: Option<&RedisGcra>,
+        max_keys: usize,
         id: &str,
     ) -> Result<Bucket, String> {
         if limit.algorithm == Algorithm::FixedWindow {
@@ -68,67 +84,22 @@ impl Bucket {
             return Ok(Bucket::DenyAll);
         }
         let quota = quota(limit)?;
-        match backend {
-            BackendSettings::InProcess { max_keys } => Ok(Bucket::Gcra(
-                KeyedLimiter::builder(quota).max_keys(*max_keys).build(),
+        match redis {
+            None => Ok(Bucket::Gcra(
+                KeyedLimiter::builder(quota).max_keys(max_keys).build(),
             )),
-            BackendSettings::Redis(redis) => {
-                let policy = match redis.failure_policy {
-                    FailurePolicyName::Open => FailurePolicy::FailOpen,
-                    FailurePolicyName::Closed => FailurePolicy::FailClosed,
-                    FailurePolicyName::Local => FailurePolicy::Local(
-                        KeyedLimiter::builder(quota)
-                            .max_keys(redis.max_keys)
-                            .build(),
-                    ),
-                };
-                let limiter = RedisLimiter::builder(quota)
-                    .url(redis.url.clone())
-                    .prefix(format!("{}{id}:", redis.prefix))
-                    .timeout(redis.timeout)
-                    .failure_policy(policy)
-                    .build()
-                    .await
-                    .map_err(|e| format!("cannot build the Redis limiter: {e}"))?;
-                Ok(Bucket::Redis(limiter))
-            }
+            Some(redis) => Ok(Bucket::Redis(redis.bucket(quota, id)?)),
         }
     }
 
-    /// Takes `cost` hits for `key` (`0`: only looks, as Envoy's
-    /// `hits_addend: 0` asks). A cost above the bucket's size can never
-    /// fit: it is over the limit, and takes nothing.
-    pub async fn decide(&self, key: &str, cost: u64) -> Outcome {
+    /// Takes `cost` hits for `key` in this process (`0`: only looks, as
+    /// Envoy's `hits_addend: 0` asks). A cost above the bucket's size can
+    /// never fit: it is over the limit, and takes nothing. Windows and
+    /// Redis buckets are decided by the engine, a request's all at once.
+    pub fn decide(&self, key: &str, cost: u64) -> Outcome {
         match self {
-            // The engine counts windows; a window is never asked here.
-            Bucket::Window | Bucket::DenyAll => Outcome {
-                allowed: false,
-                decision: None,
-                looked: false,
-            },
             Bucket::Gcra(l) => decide_local(l, key, cost),
-            Bucket::Redis(l) => {
-                let fits = cost <= l.quota().burst_size();
-                let result = if cost == 0 || !fits {
-                    l.peek(key).await
-                } else {
-                    l.check_n(key, cost).await
-                };
-                match result {
-                    Ok(d) => Outcome {
-                        allowed: d.is_allowed() && fits,
-                        decision: Some(d),
-                        looked: cost == 0 || !fits,
-                    },
-                    // Only a bad key gets here, and the service never
-                    // builds an empty one: refuse, as failing closed would.
-                    Err(_) => Outcome {
-                        allowed: false,
-                        decision: None,
-                        looked: false,
-                    },
-                }
-            }
+            Bucket::Window | Bucket::DenyAll | Bucket::Redis(_) => Outcome::refused(),
         }
     }
 
@@ -142,7 +113,7 @@ impl Bucket {
 }
 
 /// [`Bucket::decide`] for an in-process limiter.
-fn decide_local<C: Clock, A: turnstile_rl::Algorithm>(
+pub(crate) fn decide_local<C: Clock, A: turnstile_rl::Algorithm>(
     limiter: &KeyedLimiter<String, C, A>,
     key: &str,
     cost: u64,
@@ -158,6 +129,7 @@ fn decide_local<C: Clock, A: turnstile_rl::Algorithm>(
                     allowed: false,
                     decision: Some(limiter.peek(key)),
                     looked: true,
+                    cached: None,
                 }
             }
         }
@@ -166,6 +138,7 @@ fn decide_local<C: Clock, A: turnstile_rl::Algorithm>(
         allowed: decision.is_allowed(),
         decision: Some(decision),
         looked: cost == 0,
+        cached: None,
     }
 }
 

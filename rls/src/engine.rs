@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
@@ -18,11 +18,13 @@ use turnstile_rl::{Decision, Quota};
 
 use crate::bucket::{quota, Bucket, Outcome};
 use crate::config::{ConfigError, ConfigSet, Limit, Unit};
+use crate::over_limit_cache::OverLimitCache;
+use crate::redis_gcra::{Asked, RedisGcra};
 use crate::redis_windows::{RedisWindowSettings, RedisWindows};
 use crate::rules::{
     push_part, push_path, push_window_part, window_key_start, Buckets, Match, Rule, Rules,
 };
-use crate::settings::{BackendSettings, Settings};
+use crate::settings::{BackendName, BackendSettings, Settings};
 use crate::stats::{DescriptorStats, ServiceStats};
 use crate::window::{WindowCount, WindowCounters, WindowHit};
 
@@ -42,6 +44,9 @@ pub struct Engine {
     /// Every fixed-window limit's counts (kept across reloads, as the
     /// peer's are in Redis).
     windows: Windows,
+    /// With `--backend redis`, the one connection and breaker of every
+    /// GCRA limit.
+    redis: Option<RedisGcra>,
 }
 
 /// Why a request was refused outright (gRPC `INVALID_ARGUMENT`).
@@ -88,6 +93,8 @@ struct Figures {
     after: u64,
     /// GCRA's decision, for the IETF headers.
     decision: Option<Decision>,
+    /// Answered by the local over-limit cache (`LOCAL_CACHE_SIZE_IN_BYTES`).
+    cached: bool,
 }
 
 impl Figures {
@@ -102,6 +109,7 @@ impl Figures {
             before: count.before,
             after: count.after,
             decision: None,
+            cached: count.cached,
         }
     }
 
@@ -125,41 +133,46 @@ impl Figures {
             } else {
                 u32::try_from(left).unwrap_or(u32::MAX)
             },
-            until_reset: (hits <= rpu).then(|| outcome.until_reset(limit.unit.duration())),
+            until_reset: match outcome.cached {
+                // The cached refusal's own end, not its decision's (older) wait.
+                Some(until) => Some(until.saturating_duration_since(Instant::now())),
+                None => (hits <= rpu).then(|| outcome.until_reset(limit.unit.duration())),
+            },
             before,
             after,
             decision: outcome.decision,
+            cached: outcome.cached.is_some(),
         }
     }
 }
 
 /// `config`'s rules, with the bucket of every limit of `previous` whose
 /// site and limit are unchanged (so a reload keeps their state) and new
-/// ones built on `backend` for the others.
-async fn build_rules(
+/// ones built for the others, in Redis through `redis` if given, else here
+/// with up to `max_keys` keys each.
+fn build_rules(
     config: &ConfigSet,
-    backend: &BackendSettings,
+    (redis, max_keys): (Option<&RedisGcra>, usize),
     stats: &ServiceStats,
     previous: Option<&Rules>,
 ) -> Result<Rules, ConfigError> {
     let mut buckets = Buckets::new();
     for site in Rules::limit_sites(config) {
-        let bucket = match previous.and_then(|p| p.bucket_at(&site.site, &site.limit)) {
-            Some(bucket) => bucket,
-            None => {
-                let id = format!("{}.{}", site.site.0, site.path);
-                Arc::new(
-                    Bucket::build(&site.limit, backend, &id)
-                        .await
-                        .map_err(|message| ConfigError::Unservable {
+        let bucket =
+            match previous.and_then(|p| p.bucket_at(&site.site, &site.limit)) {
+                Some(bucket) => bucket,
+                None => {
+                    let id = format!("{}.{}", site.site.0, site.path);
+                    Arc::new(Bucket::build(&site.limit, redis, max_keys, &id).map_err(
+                        |message| ConfigError::Unservable {
                             path: site.file.clone(),
                             domain: site.site.0.clone(),
                             descriptor: site.path.clone(),
                             message,
-                        })?,
-                )
-            }
-        };
+                        },
+                    )?)
+                }
+            };
         buckets.insert(site.site, bucket);
     }
     Rules::build(config, stats, &buckets)
@@ -176,6 +189,8 @@ enum Windows {
 enum Step {
     Done(Verdict),
     Window(Match, Limit, u64),
+    /// In this process, or (a [`Bucket::Redis`]) with the request's other
+    /// Redis descriptors in one call.
     Bucket(Match, Limit, u64, Arc<Bucket>),
 }
 
@@ -183,6 +198,28 @@ impl Engine {
     /// Loads the configuration named in `settings` and builds its buckets.
     pub async fn start(settings: Settings) -> Result<Engine, ConfigError> {
         let stats = ServiceStats::new();
+        let unservable = |message: String| ConfigError::Unservable {
+            path: settings.config.clone(),
+            domain: String::new(),
+            descriptor: String::new(),
+            message,
+        };
+        // The peer's over-limit cache saves Redis calls: in-process
+        // backends decide here already.
+        let cache = match settings.backend {
+            BackendName::Redis => {
+                OverLimitCache::new(settings.local_cache_size_in_bytes).map(Arc::new)
+            }
+            BackendName::Memory => None,
+        };
+        let redis = match settings.backend_settings() {
+            BackendSettings::Redis(redis) => Some(
+                RedisGcra::new(&redis, cache.clone())
+                    .await
+                    .map_err(unservable)?,
+            ),
+            BackendSettings::InProcess { .. } => None,
+        };
         let windows = match settings.backend_settings() {
             BackendSettings::InProcess { max_keys } => {
                 Windows::Local(WindowCounters::new(max_keys))
@@ -195,20 +232,18 @@ impl Engine {
                     timeout: redis.timeout,
                     policy: redis.failure_policy,
                     max_keys: redis.max_keys,
+                    cache,
                 })
-                .map_err(|e| ConfigError::Unservable {
-                    path: settings.config.clone(),
-                    domain: String::new(),
-                    descriptor: String::new(),
-                    message: format!(
+                .map_err(|e| {
+                    unservable(format!(
                         "fixed windows cannot use Redis at {}: {e}",
                         settings.redis_url
-                    ),
+                    ))
                 })?,
             ),
         };
         let config = ConfigSet::load(&settings.config, settings.load_options())?;
-        let rules = build_rules(&config, &settings.backend_settings(), &stats, None).await?;
+        let rules = build_rules(&config, (redis.as_ref(), settings.max_keys), &stats, None)?;
         stats.config_load_success.increment(1);
         Ok(Engine {
             settings,
@@ -217,6 +252,7 @@ impl Engine {
             reloading: tokio::sync::Mutex::new(()),
             overrides: RwLock::default(),
             windows,
+            redis,
         })
     }
 
@@ -225,18 +261,16 @@ impl Engine {
     /// buckets; on error the previous rules keep serving.
     pub async fn reload(&self) -> Result<(), ConfigError> {
         let _one_at_a_time = self.reloading.lock().await;
-        let result = async {
-            let config = ConfigSet::load(&self.settings.config, self.settings.load_options())?;
-            let previous = self.rules.load_full();
-            build_rules(
-                &config,
-                &self.settings.backend_settings(),
-                &self.stats,
-                Some(&previous),
-            )
-            .await
-        }
-        .await;
+        let result = ConfigSet::load(&self.settings.config, self.settings.load_options()).and_then(
+            |config| {
+                build_rules(
+                    &config,
+                    (self.redis.as_ref(), self.settings.max_keys),
+                    &self.stats,
+                    Some(&self.rules.load_full()),
+                )
+            },
+        );
         match result {
             Ok(rules) => {
                 self.rules.store(Arc::new(rules));
@@ -265,6 +299,12 @@ impl Engine {
         &self.settings
     }
 
+    /// The Redis counters and latency of every GCRA limit (one connection
+    /// and breaker for the service), with `--backend redis`.
+    pub fn redis_metrics(&self) -> Option<turnstile_rl::redis::MetricsSnapshot> {
+        self.redis.as_ref().map(RedisGcra::metrics)
+    }
+
     /// The `/metrics` text.
     pub fn render_metrics(&self) -> String {
         let limits: Vec<(String, Arc<Bucket>)> = self
@@ -273,7 +313,7 @@ impl Engine {
             .into_iter()
             .filter_map(|r| Some((format!("{}.{}", r.domain, r.path), r.bucket.clone()?)))
             .collect();
-        self.stats.render(&limits)
+        self.stats.render(&limits, self.redis_metrics())
     }
 
     /// Answers one `ShouldRateLimit` request, as envoyproxy/ratelimit does.
@@ -299,10 +339,7 @@ impl Engine {
                 _ if !known_domain => None,
                 // Envoy's limit override replaces the configuration's
                 // lookup for this descriptor, as in envoyproxy/ratelimit.
-                Some(limit) => {
-                    self.override_match(&request.domain, descriptor, limit)
-                        .await
-                }
+                Some(limit) => self.override_match(&request.domain, descriptor, limit),
                 None => rules.lookup(&request.domain, &descriptor.entries),
             });
         }
@@ -355,13 +392,35 @@ impl Engine {
                 steps.push(Step::Bucket(matched, limit, hits, bucket));
             }
         }
-        // Every window of the request at once, as the peer's one pipeline.
+        // Every window of the request at once, as the peer's one pipeline,
+        // and every GCRA descriptor in Redis in one script call, both in
+        // flight together.
         let stop = self.settings.stop_cache_key_increment_when_overlimit;
-        let mut counts = match &self.windows {
-            Windows::Local(counters) => counters.count(&window_hits, stop),
-            Windows::Redis(redis) => redis.count(&window_hits, stop).await,
-        }
-        .into_iter();
+        let redis_asked: Vec<Asked<'_>> = steps
+            .iter()
+            .filter_map(|step| match step {
+                Step::Bucket(matched, _, hits, bucket) => match &**bucket {
+                    Bucket::Redis(b) => Some((b, matched.bucket_key.as_str(), *hits)),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        let gcra = async {
+            match &self.redis {
+                Some(redis) => redis.decide(&redis_asked).await,
+                None => Vec::new(),
+            }
+        };
+        let windows = async {
+            match &self.windows {
+                Windows::Local(counters) => counters.count(&window_hits, stop),
+                Windows::Redis(redis) => redis.count(&window_hits, stop).await,
+            }
+        };
+        let (redis_outcomes, counts) = tokio::join!(gcra, windows);
+        let mut counts = counts.into_iter();
+        let mut redis_outcomes = redis_outcomes.into_iter();
         let mut verdicts = Vec::with_capacity(steps.len());
         for step in steps {
             let (matched, limit, hits, figures) = match step {
@@ -377,7 +436,10 @@ impl Engine {
                     (matched, limit, hits, Figures::window(&limit, count))
                 }
                 Step::Bucket(matched, limit, hits, bucket) => {
-                    let outcome = bucket.decide(&matched.bucket_key, hits).await;
+                    let outcome = match *bucket {
+                        Bucket::Redis(_) => redis_outcomes.next().unwrap_or_else(Outcome::refused),
+                        _ => bucket.decide(&matched.bucket_key, hits),
+                    };
                     (matched, limit, hits, Figures::gcra(&limit, &outcome, hits))
                 }
             };
@@ -401,7 +463,7 @@ impl Engine {
     /// per list of entries (keys and values), statistics under the
     /// entries' path. An unknown unit, or a limit the backend cannot
     /// serve, is no limit (reported on stderr once per build attempt).
-    async fn override_match(
+    fn override_match(
         &self,
         domain: &str,
         descriptor: &RateLimitDescriptor,
@@ -421,9 +483,12 @@ impl Engine {
                     "{domain}.override_{}_per_{}",
                     limit.requests_per_unit, limit.unit
                 );
-                let bucket = match Bucket::build(&limit, &self.settings.backend_settings(), &name)
-                    .await
-                {
+                let bucket = match Bucket::build(
+                    &limit,
+                    self.redis.as_ref(),
+                    self.settings.max_keys,
+                    &name,
+                ) {
                     Ok(bucket) => Arc::new(bucket),
                     Err(e) => {
                         tracing::warn!(limit = %name, error = %e, "cannot serve a limit override: no limit applied");
@@ -480,6 +545,9 @@ impl Engine {
         let near = (rpu as f32 * self.settings.near_limit_ratio as f32).floor() as u64;
         let (before, after) = (figures.before, figures.after);
         stats.total_hits.increment(hits);
+        if figures.cached {
+            stats.over_limit_with_local_cache.increment(hits);
+        }
         if figures.over {
             if before >= rpu {
                 stats.over_limit.increment(hits);

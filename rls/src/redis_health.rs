@@ -1,15 +1,13 @@
 //! Redis' state as a log reads it: lost, breaker opened, breaker closed,
 //! back. `RedisLimiter` counts these in its metrics; [`RedisHealth`] turns
 //! two readings of them into the events between, and [`log_redis_health`]
-//! reads every Redis limit of the service once a second.
+//! reads the service's one Redis path once a second.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use turnstile_rl::redis::MetricsSnapshot;
 
-use crate::bucket::Bucket;
 use crate::engine::Engine;
 
 /// What happened to a Redis limit between two readings.
@@ -61,37 +59,26 @@ impl RedisHealth {
     }
 }
 
-/// Logs the Redis events of every Redis limit of `engine` every `interval`,
-/// forever.
+/// Logs the Redis events of the service's Redis (one connection and
+/// breaker for every GCRA limit) every `interval`, forever.
 pub async fn log_redis_health(engine: Arc<Engine>, interval: Duration) {
-    let mut health: HashMap<String, RedisHealth> = HashMap::new();
+    let mut health = RedisHealth::default();
     let mut ticks = tokio::time::interval(interval);
     loop {
         ticks.tick().await;
-        for rule in engine.rules().rules() {
-            let Some(Bucket::Redis(limiter)) = rule.bucket.as_deref() else {
-                continue;
-            };
-            let name = format!("{}.{}", rule.domain, rule.path);
-            let events = health
-                .entry(name.clone())
-                .or_default()
-                .observe(limiter.metrics());
-            for event in events {
-                match event {
-                    RedisEvent::Lost => {
-                        tracing::error!(limit = %name, "Redis lost: calls fail, the failure policy decides")
-                    }
-                    RedisEvent::BreakerOpened => {
-                        tracing::warn!(limit = %name, "Redis breaker opened: no calls until a probe succeeds")
-                    }
-                    RedisEvent::BreakerClosed => {
-                        tracing::info!(limit = %name, "Redis breaker closed")
-                    }
-                    RedisEvent::Back => {
-                        tracing::info!(limit = %name, "Redis back: calls succeed again")
-                    }
+        let Some(metrics) = engine.redis_metrics() else {
+            return;
+        };
+        for event in health.observe(metrics) {
+            match event {
+                RedisEvent::Lost => {
+                    tracing::error!("Redis lost: calls fail, the failure policy decides")
                 }
+                RedisEvent::BreakerOpened => {
+                    tracing::warn!("Redis breaker opened: no calls until a probe succeeds")
+                }
+                RedisEvent::BreakerClosed => tracing::info!("Redis breaker closed"),
+                RedisEvent::Back => tracing::info!("Redis back: calls succeed again"),
             }
         }
     }

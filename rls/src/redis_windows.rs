@@ -8,10 +8,12 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use crate::over_limit_cache::{OverLimit, OverLimitCache};
 use crate::settings::FailurePolicyName;
 use crate::window::{charges, unix_now, WindowCount, WindowCounters, WindowHit};
 
@@ -24,6 +26,8 @@ pub struct RedisWindows {
     policy: FailurePolicyName,
     /// The counts of `--redis-failure-policy local`.
     local: WindowCounters,
+    /// `LOCAL_CACHE_SIZE_IN_BYTES`: keys over their limit in this window.
+    cache: Option<Arc<OverLimitCache>>,
 }
 
 impl std::fmt::Debug for RedisWindows {
@@ -49,6 +53,8 @@ pub struct RedisWindowSettings {
     pub policy: FailurePolicyName,
     /// The local fallback's size.
     pub max_keys: usize,
+    /// The local over-limit cache, if on.
+    pub cache: Option<Arc<OverLimitCache>>,
 }
 
 impl RedisWindows {
@@ -65,6 +71,7 @@ impl RedisWindows {
             timeout: settings.timeout,
             policy: settings.policy,
             local: WindowCounters::new(settings.max_keys),
+            cache: settings.cache,
         })
     }
 
@@ -105,7 +112,23 @@ impl RedisWindows {
             .iter()
             .map(|h| format!("{}{}{}", self.prefix, h.key, now / h.length * h.length))
             .collect();
-        let adds = if stop_when_over {
+        // Keys the cache knows over their limit take no Redis call.
+        let sent = Instant::now();
+        let cached: Vec<bool> = keys
+            .iter()
+            .map(|key| {
+                self.cache
+                    .as_ref()
+                    .is_some_and(|c| c.get(&cache_key(key), sent).is_some())
+            })
+            .collect();
+        let asked: Vec<usize> = (0..hits.len()).filter(|&i| !cached[i]).collect();
+        let adds: Vec<u64> = if !stop_when_over {
+            asked.iter().map(|&i| hits[i].hits).collect()
+        } else if asked.len() < hits.len() {
+            // As the peer: one descriptor over in the cache, no other is charged.
+            vec![0; asked.len()]
+        } else {
             let mut gets = redis::pipe();
             for key in &keys {
                 gets.get(key);
@@ -113,25 +136,45 @@ impl RedisWindows {
             let current: Vec<Option<u64>> = gets.query_async(&mut connection).await?;
             let current: Vec<u64> = current.into_iter().map(Option::unwrap_or_default).collect();
             charges(hits, &current)
-        } else {
-            hits.iter().map(|h| h.hits).collect()
         };
-        let mut pipe = redis::pipe();
-        for ((key, hit), add) in keys.iter().zip(hits).zip(&adds) {
-            let jitter = match self.jitter_max_secs {
-                0 => 0,
-                max => RandomState::new().hash_one(key) % max,
-            };
-            pipe.incr(key, *add)
-                .expire(key, (hit.length + jitter) as i64)
-                .ignore();
+        let mut afters = Vec::new();
+        if !asked.is_empty() {
+            let mut pipe = redis::pipe();
+            for (&i, add) in asked.iter().zip(&adds) {
+                let (key, hit) = (&keys[i], &hits[i]);
+                let jitter = match self.jitter_max_secs {
+                    0 => 0,
+                    max => RandomState::new().hash_one(key) % max,
+                };
+                pipe.incr(key, *add)
+                    .expire(key, (hit.length + jitter) as i64)
+                    .ignore();
+            }
+            afters = pipe.query_async(&mut connection).await?;
         }
-        let afters: Vec<u64> = pipe.query_async(&mut connection).await?;
-        Ok(hits
-            .iter()
-            .zip(afters)
-            .map(|(hit, after)| WindowCount::at(hit, after, now))
-            .collect())
+        let mut afters = afters.into_iter();
+        let mut counts = Vec::with_capacity(hits.len());
+        for (i, hit) in hits.iter().enumerate() {
+            if cached[i] {
+                counts.push(WindowCount::over_by_cache(hit, now));
+                continue;
+            }
+            let count = WindowCount::at(hit, afters.next().unwrap_or_default(), now);
+            if let Some(cache) = self.cache.as_ref().filter(|_| count.after > hit.limit) {
+                // Over until the window's edge (the key names the window).
+                let until = sent + count.until_reset;
+                cache.insert(
+                    &cache_key(&keys[i]),
+                    OverLimit {
+                        until,
+                        decision: None,
+                    },
+                    sent,
+                );
+            }
+            counts.push(count);
+        }
+        Ok(counts)
     }
 
     fn fallback(&self, hits: &[WindowHit], stop_when_over: bool, now: u64) -> Vec<WindowCount> {
@@ -147,4 +190,10 @@ impl RedisWindows {
                 .collect(),
         }
     }
+}
+
+/// A fixed window's key in the over-limit cache (GCRA keys there start
+/// otherwise, so the two never meet).
+fn cache_key(redis_key: &str) -> String {
+    format!("w:{redis_key}")
 }

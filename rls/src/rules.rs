@@ -22,7 +22,19 @@ use crate::stats::{DescriptorStats, ServiceStats};
 /// Every domain's compiled tree.
 #[derive(Debug, Default)]
 pub struct Rules {
-    domains: HashMap<String, Node>,
+    domains: HashMap<String, Domain>,
+}
+
+/// One domain's tree, and what its lookups must build: a request is not
+/// charged for a fixed window's cache key or a detailed statistics path
+/// its domain never uses.
+#[derive(Debug, Default)]
+struct Domain {
+    root: Node,
+    /// Some limit of the domain is a fixed window.
+    has_windows: bool,
+    /// Some limit of the domain has `detailed_metric`.
+    has_detailed: bool,
 }
 
 /// One configured limit (a node with a `rate_limit` block).
@@ -195,7 +207,19 @@ impl Rules {
                 buckets,
             };
             builder.children(&mut root, &domain.descriptors, "", &[])?;
-            domains.insert(domain.domain.clone(), root);
+            let mut rules = Vec::new();
+            root.collect(&mut rules);
+            domains.insert(
+                domain.domain.clone(),
+                Domain {
+                    root,
+                    has_windows: rules.iter().any(|r| {
+                        r.limit
+                            .is_some_and(|l| l.algorithm == crate::config::Algorithm::FixedWindow)
+                    }),
+                    has_detailed: rules.iter().any(|r| r.detailed_metric),
+                },
+            );
         }
         Ok(Rules { domains })
     }
@@ -203,7 +227,7 @@ impl Rules {
     /// The bucket of the limit at `site`, if it is `limit` exactly (a
     /// reload keeps it, and so its state).
     pub fn bucket_at(&self, site: &Site, limit: &Limit) -> Option<Arc<Bucket>> {
-        let mut node = self.domains.get(&site.0)?;
+        let mut node = &self.domains.get(&site.0)?.root;
         for part in &site.1 {
             node = node.children.get(part)?;
         }
@@ -215,15 +239,24 @@ impl Rules {
 
     /// The limit for one request descriptor of `domain`, if any.
     pub fn lookup(&self, domain: &str, entries: &[Entry]) -> Option<Match> {
-        let mut node = self.domains.get(domain)?;
+        let tree = self.domains.get(domain)?;
+        let mut node = &tree.root;
         let mut found = None;
         let mut detailed = String::new();
         let mut valued = String::new();
         let mut bucket_key = String::new();
-        let mut window_key = window_key_start(domain);
+        let mut window_key = if tree.has_windows {
+            window_key_start(domain)
+        } else {
+            String::new()
+        };
+        let mut composite = String::new();
         for (i, entry) in entries.iter().enumerate() {
-            let composite = format!("{}_{}", entry.key, entry.value);
-            let mut next = node.children.get(&composite);
+            composite.clear();
+            composite.push_str(&entry.key);
+            composite.push('_');
+            composite.push_str(&entry.value);
+            let mut next = node.children.get(composite.as_str());
             let mut wildcard = None;
             if next.is_none() {
                 if let Some(w) = node.wildcards.iter().find(|w| w.matches(&composite)) {
@@ -242,7 +275,9 @@ impl Rules {
                 .filter(|_| child.share_threshold)
                 .map(|w| w.value.as_str());
             push_part(&mut bucket_key, shared.unwrap_or(&entry.value));
-            push_window_part(&mut window_key, &entry.key, shared.unwrap_or(&entry.value));
+            if tree.has_windows {
+                push_window_part(&mut window_key, &entry.key, shared.unwrap_or(&entry.value));
+            }
             let metric_value = match (wildcard, shared) {
                 (_, Some(pattern)) => Some(pattern),
                 (Some(_), None) if child.value_to_metric => Some(entry.value.as_str()),
@@ -251,11 +286,13 @@ impl Rules {
                 (None, _) => None,
             };
             push_path(&mut valued, &entry.key, metric_value);
-            push_path(
-                &mut detailed,
-                &entry.key,
-                shared.or(Some(entry.value.as_str())),
-            );
+            if tree.has_detailed {
+                push_path(
+                    &mut detailed,
+                    &entry.key,
+                    shared.or(Some(entry.value.as_str())),
+                );
+            }
             if i + 1 == entries.len() {
                 found = child.rule.clone();
             }
@@ -285,15 +322,9 @@ impl Rules {
 
     /// Every configured limit, for the gauges.
     pub fn rules(&self) -> Vec<Arc<Rule>> {
-        fn walk(node: &Node, out: &mut Vec<Arc<Rule>>) {
-            out.extend(node.rule.clone());
-            for child in node.children.values() {
-                walk(child, out);
-            }
-        }
         let mut out = Vec::new();
-        for node in self.domains.values() {
-            walk(node, &mut out);
+        for domain in self.domains.values() {
+            domain.root.collect(&mut out);
         }
         out
     }
@@ -304,11 +335,36 @@ impl Rules {
     }
 }
 
+impl Node {
+    /// This node's limit and every one below it.
+    fn collect(&self, out: &mut Vec<Arc<Rule>>) {
+        out.extend(self.rule.clone());
+        for child in self.children.values() {
+            child.collect(out);
+        }
+    }
+}
+
 /// Appends a value to a bucket key, length-prefixed so that no two lists
-/// of values make the same key.
+/// of values make the same key (`{len}:{value}`, the length in decimal,
+/// written without the formatting machinery: this runs per request).
 pub(crate) fn push_part(key: &mut String, value: &str) {
-    use std::fmt::Write;
-    let _ = write!(key, "{}:{value}", value.len());
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut len = value.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (len % 10) as u8;
+        len /= 10;
+        if len == 0 {
+            break;
+        }
+    }
+    for &d in &digits[at..] {
+        key.push(char::from(d));
+    }
+    key.push(':');
+    key.push_str(value);
 }
 
 /// The start of envoyproxy/ratelimit's cache key: `domain_`.
@@ -459,5 +515,10 @@ mod tests {
         assert_ne!(key(&["a|b", "c"]), key(&["a", "b|c"]));
         assert_ne!(key(&["1:a", ""]), key(&["1", "a"]));
         assert_eq!(key(&["alice"]), "5:alice");
+        // The keys Redis holds are unchanged by writing the length by hand.
+        for len in [0, 9, 10, 99, 100, 12_345] {
+            let value = "v".repeat(len);
+            assert_eq!(key(&[&value]), format!("{len}:{value}"));
+        }
     }
 }

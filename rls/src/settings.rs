@@ -60,6 +60,12 @@ pub struct Settings {
     /// What a descriptor gets when Redis cannot answer.
     #[arg(long, env = "TURNSTILE_RLS_REDIS_FAILURE_POLICY", value_enum, default_value_t = FailurePolicyName::Open)]
     pub redis_failure_policy: FailurePolicyName,
+    /// GCRA in Redis: take up to this many tokens of a key per Redis call
+    /// and spend them here, so a hot key costs one call per lease, not per
+    /// decision (at most `instances x (lease - 1)` admissions over the
+    /// limit in any window); 0 (the default): one call per decision.
+    #[arg(long, env = "TURNSTILE_RLS_REDIS_LEASE", default_value_t = 0)]
+    pub redis_lease: u64,
     /// Add the IETF `RateLimit` and `RateLimit-Policy` headers to every answer.
     #[arg(long, env = "TURNSTILE_RLS_RESPONSE_HEADERS")]
     pub response_headers: bool,
@@ -107,6 +113,12 @@ pub struct Settings {
     /// milliseconds (a change reloads it, as SIGHUP does); 0: never.
     #[arg(long, env = "TURNSTILE_RLS_WATCH_INTERVAL_MS", default_value_t = 1000)]
     pub watch_interval_ms: u64,
+    /// With Redis, keys Redis answered over their limit are answered over
+    /// their limit here, with no Redis call, until their window or refusal
+    /// ends, in a cache of about this many bytes (envoyproxy/ratelimit's
+    /// setting); 0 (the default): off.
+    #[arg(long, env = "LOCAL_CACHE_SIZE_IN_BYTES", default_value_t = 0)]
+    pub local_cache_size_in_bytes: usize,
     /// Fixed windows in Redis: the prefix of every key (the peer's
     /// `CACHE_KEY_PREFIX`; keys are then the peer's own).
     #[arg(long, env = "CACHE_KEY_PREFIX", default_value = "")]
@@ -169,6 +181,8 @@ pub struct RedisSettings {
     pub failure_policy: FailurePolicyName,
     /// `--max-keys`, for the local fallback.
     pub max_keys: usize,
+    /// `--redis-lease`: tokens per lease (0 or 1: no leases).
+    pub lease: u64,
 }
 
 impl Settings {
@@ -201,6 +215,7 @@ impl Settings {
                 timeout: Duration::from_millis(self.redis_timeout_ms),
                 failure_policy: self.redis_failure_policy,
                 max_keys: self.max_keys,
+                lease: self.redis_lease,
             }),
         }
     }

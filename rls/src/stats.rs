@@ -4,7 +4,7 @@
 //!
 //! Names follow envoyproxy/ratelimit's default Prometheus mapping of its
 //! `ratelimit.service.rate_limit.DOMAIN.KEY_VALUE.STAT` statistics:
-//! `ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode}`,
+//! `ratelimit_service_rate_limit_{total_hits,over_limit,near_limit,within_limit,shadow_mode,over_limit_with_local_cache}`,
 //! labelled `domain` and `descriptor` (the `KEY_VALUE` path, for example
 //! `key_value.key`). Counts are hits (a request's cost), as there.
 
@@ -12,6 +12,8 @@ use std::sync::Arc;
 
 use metrics::{Counter, Key, Label, Metadata, Recorder};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
+
+use turnstile_rl::redis::MetricsSnapshot;
 
 use crate::bucket::Bucket;
 
@@ -53,6 +55,9 @@ pub struct DescriptorStats {
     pub within_limit: Counter,
     /// Hits over the limit that shadow mode let through.
     pub shadow_mode: Counter,
+    /// Hits answered over the limit by the local over-limit cache, with
+    /// no Redis call (also counted in `over_limit`, as the peer counts them).
+    pub over_limit_with_local_cache: Counter,
 }
 
 impl Default for ServiceStats {
@@ -91,29 +96,35 @@ impl ServiceStats {
             near_limit: c("ratelimit_service_rate_limit_near_limit"),
             within_limit: c("ratelimit_service_rate_limit_within_limit"),
             shadow_mode: c("ratelimit_service_rate_limit_shadow_mode"),
+            over_limit_with_local_cache: c(
+                "ratelimit_service_rate_limit_over_limit_with_local_cache",
+            ),
         }
     }
 
-    /// The text of `/metrics`: the counters, and the gauges of `limits`
-    /// (each named `domain.path`) read now.
-    pub fn render(&self, limits: &[(String, Arc<Bucket>)]) -> String {
+    /// The text of `/metrics`: the counters, the gauges of `limits` (each
+    /// named `domain.path`) read now, and the service's Redis figures.
+    pub fn render(
+        &self,
+        limits: &[(String, Arc<Bucket>)],
+        redis: Option<MetricsSnapshot>,
+    ) -> String {
         for (name, bucket) in limits {
-            match &**bucket {
-                Bucket::Redis(limiter) => self.redis_gauges(name, limiter),
-                bucket => {
-                    if let Some(stats) = bucket.stats() {
-                        // The engine's own export, into this service's recorder.
-                        metrics::with_local_recorder(&*self.recorder, || stats.record(name));
-                    }
-                }
+            if let Some(stats) = bucket.stats() {
+                // The engine's own export, into this service's recorder.
+                metrics::with_local_recorder(&*self.recorder, || stats.record(name));
             }
+        }
+        if let Some(m) = redis {
+            self.redis_gauges(&m);
         }
         self.recorder.handle().render()
     }
 
-    fn redis_gauges(&self, name: &str, limiter: &turnstile_rl::redis::RedisLimiter) {
-        let m = limiter.metrics();
-        let labels = || vec![Label::new("limiter", name.to_owned())];
+    /// Every GCRA limit's Redis calls together: they share one connection
+    /// and breaker, so one series each, with no `limiter` label.
+    fn redis_gauges(&self, m: &MetricsSnapshot) {
+        let labels = Vec::new;
         for (metric, value) in [
             ("turnstile_redis_calls_total", m.redis_calls),
             ("turnstile_redis_errors_total", m.redis_errors),

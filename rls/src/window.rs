@@ -55,6 +55,9 @@ pub struct WindowCount {
     pub after: u64,
     /// Until the window's edge, in whole seconds as the peer answers.
     pub until_reset: Duration,
+    /// Answered by the local over-limit cache (`LOCAL_CACHE_SIZE_IN_BYTES`),
+    /// with no Redis call and no hit counted there.
+    pub cached: bool,
 }
 
 impl WindowCount {
@@ -64,6 +67,18 @@ impl WindowCount {
             before: after.wrapping_sub(hit.hits),
             after,
             until_reset: Duration::from_secs(hit.length - now % hit.length),
+            cached: false,
+        }
+    }
+
+    /// The count of `hit` the over-limit cache answers: over the limit
+    /// before its hits (so they all count as over, as the peer counts
+    /// them), at `now`.
+    pub fn over_by_cache(hit: &WindowHit, now: u64) -> WindowCount {
+        let before = hit.limit.saturating_add(1);
+        WindowCount {
+            cached: true,
+            ..WindowCount::at(hit, before.saturating_add(hit.hits), now)
         }
     }
 }

@@ -116,18 +116,18 @@ impl CallPath {
     }
 
     /// The failure policy's decision for a check of `n` tokens of `key`
-    /// that Redis did not decide, on a limit of burst `limit` and interval
-    /// `interval`: counted, and marked [`Decision::is_fallback`].
+    /// (or, with `peek`, a look that takes nothing) that Redis did not
+    /// decide, on a limit of burst `limit` and interval `interval`:
+    /// counted, and marked [`Decision::is_fallback`].
     pub(crate) fn fallback(
         &self,
-        key: &[u8],
-        n: u64,
+        request: (&[u8], u64, bool),
         limit: u64,
         interval: NonZeroU64,
     ) -> Decision {
         self.metrics.fallback();
         let retry_in = self.breaker.retry_in(Instant::now()).max(self.timeout);
-        self.policy.decide(key, n, limit, interval, retry_in)
+        self.policy.decide(request, limit, interval, retry_in)
     }
 
     /// Counts a check's (or a batch key's) decision, however it was made.
@@ -151,6 +151,11 @@ impl CallPath {
                 Ok(Some(micros))
             }
         }
+    }
+
+    /// The most one call may take.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// Whether this is a Cluster: a call's keys must then share a slot.

@@ -76,6 +76,17 @@ pub enum RedisLimitError {
         /// [`KeyTooLong`](Self::KeyTooLong)).
         source: Box<RedisLimitError>,
     },
+    /// A request of [`RedisLimiter::check_each`](super::RedisLimiter::check_each)
+    /// names a limiter on another call path (another connection and
+    /// breaker): one script call cannot decide it with the others.
+    #[error(
+        "request {index} (from 0) names a limiter on another Redis connection: \
+         build every limiter of one call with `with_quota` from one limiter"
+    )]
+    OtherConnection {
+        /// Its position in the requests.
+        index: usize,
+    },
     /// Redis did not answer a peek, refund or reset (single or several
     /// limits), and why: these have no failure policy, since an operation
     /// that did not happen must not look done; the caller decides. With the

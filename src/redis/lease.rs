@@ -4,8 +4,10 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroU64;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
 
 use crate::clock::saturating_nanos;
 use crate::decision::Decision;
@@ -31,8 +33,27 @@ pub(crate) struct Leases {
 #[derive(Debug, Default)]
 struct LeaseMap {
     leases: HashMap<Vec<u8>, Lease>,
+    /// Keys whose lease is being fetched from Redis now, and how the
+    /// checks waiting for it hear that it arrived.
+    fetching: HashMap<Vec<u8>, Arc<Notify>>,
     /// Sweep when the map is larger than this.
     sweep_above: usize,
+}
+
+/// A lease fetch in flight: dropping it (once the reply is kept, or the
+/// call failed) wakes the checks waiting for it.
+#[derive(Debug)]
+pub(crate) struct FetchGuard<'a> {
+    leases: &'a Leases,
+    key: Vec<u8>,
+}
+
+impl Drop for FetchGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(notify) = self.leases.lock().fetching.remove(&self.key) {
+            notify.notify_waiters();
+        }
+    }
 }
 
 /// The smallest map size that triggers a sweep.
@@ -45,6 +66,7 @@ impl Leases {
             ttl,
             map: Mutex::new(LeaseMap {
                 leases: HashMap::new(),
+                fetching: HashMap::new(),
                 sweep_above: MIN_SWEEP,
             }),
         }
@@ -96,6 +118,44 @@ impl Leases {
             interval,
             reset,
         ))
+    }
+
+    /// The fetch of `key`'s next lease in flight now, if any.
+    pub(crate) fn in_flight(&self, key: &[u8]) -> Option<Arc<Notify>> {
+        self.lock().fetching.get(key).cloned()
+    }
+
+    /// For a check of `key` that found no tokens: this check fetches its
+    /// next lease (the guard), unless another already is (`None`). Checks
+    /// that run out while it is on its way wait for it, so a key costs one
+    /// Redis call per lease, not one per check that found it empty.
+    pub(crate) fn fetch(&self, key: &[u8]) -> Option<FetchGuard<'_>> {
+        let mut map = self.lock();
+        if map.fetching.contains_key(key) {
+            return None;
+        }
+        map.fetching.insert(key.to_vec(), Arc::new(Notify::new()));
+        Some(FetchGuard {
+            leases: self,
+            key: key.to_vec(),
+        })
+    }
+
+    /// Waits until the fetch `notify` stands for is over (or `timeout`).
+    pub(crate) async fn wait(&self, key: &[u8], notify: &Notify, timeout: Duration) {
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        // Registered before looking again, so a fetch that ends in between
+        // is not missed.
+        notified.as_mut().enable();
+        let still = self
+            .lock()
+            .fetching
+            .get(key)
+            .is_some_and(|n| std::ptr::eq(&**n, notify));
+        if still {
+            let _ = tokio::time::timeout(timeout, notified).await;
+        }
     }
 
     /// Keeps `extra` tokens that Redis granted beyond the cost, capped so

@@ -93,6 +93,17 @@
 //!   this repo's loaded 2-core machine, against 8.5 ms one by one), so
 //!   keep batches to hundreds of keys, not millions.
 //!
+//! # Several limits in one call
+//!
+//! A server whose one request meets several limits, each with its own
+//! quota and key (a rate limit service deciding every descriptor of a
+//! request), makes the limiters with [`RedisLimiter::with_quota`] from one
+//! limiter, so they share its connection, breaker, failure policy and
+//! metrics, and decides a request's checks on all of them in one script
+//! call with [`RedisLimiter::check_each`]: each decided on its own, as if
+//! checked alone in order (leases included); all or nothing on one key is
+//! [`RedisMulti`]'s.
+//!
 //! # Keys
 //!
 //! Keys are bytes (`impl AsRef<[u8]>`: `&str`, `String`, `Vec<u8>`,
@@ -168,6 +179,7 @@ mod breaker;
 mod call;
 mod changing;
 mod connection;
+mod each;
 mod error;
 #[cfg(feature = "tower")]
 mod http;
@@ -183,9 +195,8 @@ use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::ScriptInvocation;
-
 pub use breaker::{BreakerConfig, BreakerState, DEFAULT_COOL_DOWN, DEFAULT_FAILURE_THRESHOLD};
+pub use each::EachRequest;
 pub use error::{RedisBuildError, RedisCallError, RedisLimitError};
 pub use metrics::{LatencySnapshot, MetricsSnapshot};
 pub use multi_builder::RedisMultiBuilder;
@@ -371,6 +382,13 @@ impl RedisLimiterBuilder {
     /// Lease expiry runs on the process's monotonic clock (`Instant`),
     /// whatever the limiter's [`TimeSource`].
     ///
+    /// One fetch per key at a time: a check that finds the key's lease
+    /// empty while another check's call is fetching the next one waits for
+    /// that call (at most the call timeout) and spends what it brought,
+    /// instead of sending a call of its own; so concurrent checks of a hot
+    /// key cost one round trip per lease, not one each. (Batches take no
+    /// leases and do not wait.)
+    ///
     /// The leases sit in one mutex-guarded map per limiter: a lookup is
     /// a few tens of nanoseconds, next to the tens of microseconds of the round
     /// trip it saves. Expired leases are swept when the map has grown past
@@ -409,26 +427,7 @@ impl RedisLimiterBuilder {
                 ));
             }
         }
-        let leases = match self.lease {
-            None => None,
-            Some((k, ttl)) => {
-                if k < 2 || k > script.burst() {
-                    return config(format!(
-                        "a lease of {}: it must be 2 to the burst ({})",
-                        crate::error::plural(k, "token"),
-                        script.burst()
-                    ));
-                }
-                let k32 = u32::try_from(k).unwrap_or(u32::MAX);
-                let ttl = ttl.unwrap_or_else(|| {
-                    script
-                        .interval()
-                        .saturating_mul(k32)
-                        .max(MIN_DEFAULT_LEASE_TTL)
-                });
-                Some(Leases::new(k, ttl))
-            }
-        };
+        let leases = leases(self.lease, &script)?;
         let connection = if self.cluster {
             Connection::cluster(&self.nodes, self.timeout).await?
         } else {
@@ -643,12 +642,9 @@ impl RedisLimiter {
         Ok(())
     }
 
-    /// Decides valid `requests` (key, cost) in order into `out` (cleared
-    /// first, then one decision per request), as a single check does for
-    /// one: leased tokens first, then the rest through the one call path
-    /// (one script call, or one per hash slot on a Cluster, all in flight
-    /// at once), then the failure policy for every request Redis did not
-    /// decide.
+    /// Decides valid `requests` (key, cost) on this limiter in order into
+    /// `out`, as [`check_each`](RedisLimiter::check_each) does (one script
+    /// call carrying the quota once).
     async fn decide(
         &self,
         requests: &[(&[u8], u64)],
@@ -656,68 +652,18 @@ impl RedisLimiter {
         now_micros: Option<u64>,
         out: &mut Vec<Decision>,
     ) {
-        out.clear();
-        let current = self.current();
-        let mut decided: Vec<Option<Decision>> = requests
+        let each: Vec<EachRequest<'_>> = requests
             .iter()
-            .map(|&(key, n)| {
-                let leases = self.leases.as_ref()?;
-                let decision = leases.spend(
-                    key,
-                    n,
-                    Instant::now(),
-                    current.script.burst(),
-                    current.interval,
-                )?;
-                self.path.metrics().lease_hit();
-                Some(decision)
+            .map(|&(key, cost)| EachRequest {
+                limiter: self,
+                key,
+                cost,
+                peek: false,
             })
             .collect();
-        let pending: Vec<usize> = (0..requests.len())
-            .filter(|&i| decided[i].is_none())
-            .collect();
-        if !pending.is_empty() {
-            let redis_keys: Vec<Vec<u8>> = pending
-                .iter()
-                .map(|&i| self.redis_key(requests[i].0))
-                .collect();
-            let groups = self.groups(&redis_keys);
-            let costs: Vec<Vec<u64>> = groups
-                .iter()
-                .map(|group| group.iter().map(|&at| requests[pending[at]].1).collect())
-                .collect();
-            let calls: Vec<ScriptInvocation<'_>> = groups
-                .iter()
-                .zip(&costs)
-                .map(|(group, costs)| {
-                    current.script.invocation(
-                        group
-                            .iter()
-                            .zip(costs)
-                            .map(|(&at, &n)| (redis_keys[at].as_slice(), n, self.want(want, n))),
-                        now_micros,
-                    )
-                })
-                .collect();
-            let decode = |call: usize, reply: &[i64]| current.script.decode(reply, &costs[call]);
-            // An open breaker sends nothing: every pending request falls
-            // back; otherwise each call's requests get its replies or fall
-            // back with it.
-            if let Ok(results) = self.path.run(&calls, decode).await {
-                for (group, result) in groups.iter().zip(results) {
-                    for (&at, reply) in group.iter().zip(result.into_iter().flatten()) {
-                        let i = pending[at];
-                        let (key, n) = requests[i];
-                        decided[i] = Some(self.settle(key, n, reply));
-                    }
-                }
-            }
-        }
-        out.extend(requests.iter().zip(decided).map(|(&(key, n), decision)| {
-            let decision = decision.unwrap_or_else(|| self.fallback(key, n));
-            self.path.decided(&decision);
-            decision
-        }));
+        let currents = vec![self.current(); requests.len()];
+        self.decide_each(&each, &currents, want, now_micros, out)
+            .await;
     }
 
     /// How `redis_keys` split into script calls: one call in all on a
@@ -769,7 +715,7 @@ impl RedisLimiter {
     fn fallback(&self, key: &[u8], n: u64) -> Decision {
         let current = self.current();
         self.path
-            .fallback(key, n, current.script.burst(), current.interval)
+            .fallback((key, n, false), current.script.burst(), current.interval)
     }
 
     /// The Redis key of `key`: prefix, then the key as the hash tag asks.
@@ -863,6 +809,32 @@ impl RedisLimiter {
     pub fn last_error(&self) -> Option<RedisCallError> {
         self.path.metrics().last_error()
     }
+}
+
+/// The leases that `lease` (size `k`, time to live) asks for on `script`'s
+/// quota, or why it cannot have them.
+fn leases(
+    lease: Option<(u64, Option<Duration>)>,
+    script: &GcraScript,
+) -> Result<Option<Leases>, RedisBuildError> {
+    let Some((k, ttl)) = lease else {
+        return Ok(None);
+    };
+    if k < 2 || k > script.burst() {
+        return Err(RedisBuildError::Config(format!(
+            "a lease of {}: it must be 2 to the burst ({})",
+            crate::error::plural(k, "token"),
+            script.burst()
+        )));
+    }
+    let k32 = u32::try_from(k).unwrap_or(u32::MAX);
+    let ttl = ttl.unwrap_or_else(|| {
+        script
+            .interval()
+            .saturating_mul(k32)
+            .max(MIN_DEFAULT_LEASE_TTL)
+    });
+    Ok(Some(Leases::new(k, ttl)))
 }
 
 /// Whether a request may ask Redis for a lease.

@@ -357,7 +357,7 @@ impl RedisMulti {
             Err(_) => {
                 let first = &limits.scripts[0];
                 self.path
-                    .fallback(key, n, first.burst(), first.interval_nanos())
+                    .fallback((key, n, false), first.burst(), first.interval_nanos())
                     .into()
             }
         };

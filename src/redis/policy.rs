@@ -55,11 +55,11 @@ impl fmt::Debug for FailurePolicy {
 impl FailurePolicy {
     /// The fallback decision for `n` tokens of `key`, for a quota of burst
     /// `limit` and interval `interval`; `retry_in` is when Redis will next
-    /// be tried.
+    /// be tried. A `peek` takes nothing: a local limiter peeks instead of
+    /// checking.
     pub(crate) fn decide(
         &self,
-        key: &[u8],
-        n: u64,
+        (key, n, peek): (&[u8], u64, bool),
         limit: u64,
         interval: NonZeroU64,
         retry_in: Duration,
@@ -71,6 +71,7 @@ impl FailurePolicy {
             FailurePolicy::FailClosed => closed,
             // The fleet's limiter accepted the cost already; a local quota
             // too small for it cannot grant it, so it is denied.
+            FailurePolicy::Local(limiter) if peek => limiter.peek_n(key, n).unwrap_or(closed),
             FailurePolicy::Local(limiter) => limiter.check_n(key, n).unwrap_or(closed),
         };
         decision.by_fallback()

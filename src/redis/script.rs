@@ -24,7 +24,6 @@ const NANOS_PER_MICRO: u64 = 1_000;
 /// The script and one quota's parameters in microseconds.
 #[derive(Debug, Clone)]
 pub(crate) struct GcraScript {
-    script: Script,
     /// `T` in µs, rounded up.
     interval_micros: u64,
     /// `B × T` in µs.
@@ -73,7 +72,6 @@ impl GcraScript {
             .and_then(|q| q.burst(burst))
             .map_err(|e| unrepresentable(e.to_string()))?;
         Ok(GcraScript {
-            script: Script::new(include_str!("gcra.lua")),
             interval_micros,
             tolerance_micros,
             gcra: Gcra::new(&rounded),
@@ -106,71 +104,121 @@ impl GcraScript {
         &self.gcra
     }
 
-    /// One call deciding `requests` (Redis key, cost `n`, tokens `want`
-    /// to take if available) in order, at `now_micros` or, when `None`, at
-    /// the server's `TIME`. On a Cluster every key must hash to one slot.
-    pub(crate) fn invocation<'k>(
-        &self,
-        requests: impl IntoIterator<Item = (&'k [u8], u64, u64)>,
-        now_micros: Option<u64>,
-    ) -> ScriptInvocation<'_> {
-        let mut call = self.script.prepare_invoke();
-        call.arg(self.interval_micros).arg(self.tolerance_micros);
-        match now_micros {
-            Some(now) => call.arg(now),
-            None => call.arg(""),
-        };
-        for (key, n, want) in requests {
-            call.key(key).arg(n).arg(want.max(n));
-        }
-        call
-    }
-
-    /// Checks a reply to a call of `costs.len()` requests against the pure
-    /// GCRA and turns it into one [`Reply`] per request, in order.
-    pub(crate) fn decode(
-        &self,
-        reply: &[i64],
-        costs: &[u64],
-    ) -> Result<Vec<Reply>, RedisCallError> {
-        let bad = |why: &str| RedisCallError::BadReply(format!("{why}: {reply:?}"));
-        let Some((&now, pairs)) = reply.split_first() else {
-            return Err(bad("expected {now, granted, tat, ...}"));
-        };
-        if pairs.len() != 2 * costs.len() {
-            return Err(bad("expected {now, granted, tat, ...}"));
-        }
-        let as_micros = |v: i64| {
-            u64::try_from(v)
-                .ok()
-                .filter(|&v| v < 1 << 53)
-                .ok_or_else(|| bad("a value outside 0..2^53"))
-        };
-        let now = as_micros(now)?;
-        if now >= MAX_NOW_MICROS {
-            return Err(bad("the server's clock is past 2^52 us"));
-        }
-        let now_ns = now * NANOS_PER_MICRO;
+    /// Checks a reply to a call of `costs.len()` checks on this script's
+    /// quota against the pure GCRA: one [`Reply`] per request, in order.
+    #[cfg(test)]
+    fn decode(&self, reply: &[i64], costs: &[u64]) -> Result<Vec<Reply>, RedisCallError> {
+        let (now_ns, pairs) = split_reply(reply, costs.len())?;
         pairs
             .chunks_exact(2)
             .zip(costs)
-            .map(|(pair, &n)| {
-                let (granted, tat) = (as_micros(pair[0])?, as_micros(pair[1])?);
-                let cost = if granted == 0 { n } else { granted };
-                if granted != 0 && (granted < n || granted > self.burst) {
-                    return Err(bad("granted tokens outside n..=burst"));
-                }
-                let step = self.gcra.decide(tat * NANOS_PER_MICRO, now_ns, cost);
-                if step.decision.is_allowed() != (granted != 0) {
-                    return Err(bad("the script and the pure GCRA disagree"));
-                }
-                Ok(Reply {
-                    granted,
-                    decision: step.decision,
-                })
-            })
+            .map(|(pair, &n)| self.decode_one(reply, now_ns, pair, n, false))
             .collect()
     }
+
+    /// One request's `{granted, tat}` of `reply`, for a check of cost `n`
+    /// or, with `look`, a look at what a check of `n` would get (sent as a
+    /// cost of 0: nothing granted, nothing written).
+    fn decode_one(
+        &self,
+        reply: &[i64],
+        now_ns: u64,
+        pair: &[i64],
+        n: u64,
+        look: bool,
+    ) -> Result<Reply, RedisCallError> {
+        let bad = |why: &str| RedisCallError::BadReply(format!("{why}: {reply:?}"));
+        let (granted, tat) = (as_micros(reply, pair[0])?, as_micros(reply, pair[1])?);
+        let step_cost = if granted == 0 { n } else { granted };
+        if granted != 0 && (look || granted < n || granted > self.burst) {
+            return Err(bad("granted tokens outside n..=burst"));
+        }
+        let step = self.gcra.decide(tat * NANOS_PER_MICRO, now_ns, step_cost);
+        if !look && step.decision.is_allowed() != (granted != 0) {
+            return Err(bad("the script and the pure GCRA disagree"));
+        }
+        Ok(Reply {
+            granted,
+            decision: step.decision,
+        })
+    }
+}
+
+/// One script call deciding `requests` in order: `(Redis key, its
+/// limit's script, cost, want, look)`, at `now_micros` or the server's
+/// `TIME`. Requests all on one script send its `T` and tau once; requests
+/// on several send each its own (`ARGV[1] = ''`). A look is sent as a cost
+/// of 0. On a Cluster every key must hash to one slot.
+pub(crate) fn invocation<'k>(
+    requests: &[(&'k [u8], &'k GcraScript, u64, u64, bool)],
+    now_micros: Option<u64>,
+) -> ScriptInvocation<'static> {
+    let mut call = script().prepare_invoke();
+    let one = requests
+        .first()
+        .map(|first| first.1)
+        .filter(|first| requests.iter().all(|r| std::ptr::eq(r.1, *first)));
+    match one {
+        Some(s) => call.arg(s.interval_micros).arg(s.tolerance_micros),
+        None => call.arg("").arg(""),
+    };
+    match now_micros {
+        Some(now) => call.arg(now),
+        None => call.arg(""),
+    };
+    for &(key, s, n, want, look) in requests {
+        let (n, want) = if look { (0, 0) } else { (n, want.max(n)) };
+        call.key(key).arg(n).arg(want);
+        if one.is_none() {
+            call.arg(s.interval_micros).arg(s.tolerance_micros);
+        }
+    }
+    call
+}
+
+/// Checks a reply to an [`invocation`] against each request's own pure
+/// GCRA: `(script, cost, look)` per request, in order.
+pub(crate) fn decode(
+    reply: &[i64],
+    requests: &[(&GcraScript, u64, bool)],
+) -> Result<Vec<Reply>, RedisCallError> {
+    let (now_ns, pairs) = split_reply(reply, requests.len())?;
+    pairs
+        .chunks_exact(2)
+        .zip(requests)
+        .map(|(pair, &(s, n, look))| s.decode_one(reply, now_ns, pair, n, look))
+        .collect()
+}
+
+/// The script, hashed once for every limiter.
+fn script() -> &'static Script {
+    static SCRIPT: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| Script::new(include_str!("gcra.lua")))
+}
+
+/// A reply's `now` in ns and its `{granted, tat}` pairs, `requests` of
+/// them.
+fn split_reply(reply: &[i64], requests: usize) -> Result<(u64, &[i64]), RedisCallError> {
+    let bad = |why: &str| RedisCallError::BadReply(format!("{why}: {reply:?}"));
+    let Some((&now, pairs)) = reply.split_first() else {
+        return Err(bad("expected {now, granted, tat, ...}"));
+    };
+    if pairs.len() != 2 * requests {
+        return Err(bad("expected {now, granted, tat, ...}"));
+    }
+    let now = as_micros(reply, now)?;
+    if now >= MAX_NOW_MICROS {
+        return Err(bad("the server's clock is past 2^52 us"));
+    }
+    Ok((now * NANOS_PER_MICRO, pairs))
+}
+
+/// A value of `reply` in microseconds: within 0..2^53, or a bad reply.
+fn as_micros(reply: &[i64], v: i64) -> Result<u64, RedisCallError> {
+    u64::try_from(v)
+        .ok()
+        .filter(|&v| v < 1 << 53)
+        .ok_or_else(|| RedisCallError::BadReply(format!("a value outside 0..2^53: {reply:?}")))
 }
 
 #[cfg(test)]

@@ -6,10 +6,10 @@ use crate::support;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use support::{settings, start, ConfigDir, Harness};
-use turnstile_rls::bucket::Bucket;
+use turnstile_rls::config::Algorithm;
 use turnstile_rls::redis_health::{RedisEvent, RedisHealth};
 use turnstile_rls::settings::{BackendName, FailurePolicyName};
-use turnstile_test_kit::redis_server::RedisServer;
+use turnstile_test_kit::redis_server::{redis_cli, RedisServer};
 
 const RULES: &str = r#"
 domain: r
@@ -153,16 +153,9 @@ async fn fixed_windows_with_redis_killed_fail_closed_refuse() {
     assert_eq!(h.admitted("test-domain", key5, 2).await, 0);
 }
 
-/// The Redis limit's metrics.
+/// The service's Redis metrics (one path for every GCRA limit).
 fn redis_metrics(h: &Harness) -> turnstile_rl::redis::MetricsSnapshot {
-    let rules = h.service.engine.rules().rules();
-    rules
-        .iter()
-        .find_map(|r| match r.bucket.as_deref() {
-            Some(Bucket::Redis(l)) => Some(l.metrics()),
-            _ => None,
-        })
-        .expect("a Redis limit")
+    h.service.engine.redis_metrics().expect("the Redis backend")
 }
 
 /// Spends one of the 3, kills Redis, then sends 4 more.
@@ -207,4 +200,253 @@ async fn with_redis_killed_local_decides_with_the_same_quota_here() {
         codes_after_a_kill(FailurePolicyName::Local).await,
         [Code::Ok, Code::Ok, Code::Ok, Code::OverLimit]
     );
+}
+
+const THREE_LIMITS: &str = r#"
+domain: r
+descriptors:
+  - key: user
+    rate_limit: { unit: hour, requests_per_unit: 3 }
+  - key: ip
+    rate_limit: { unit: day, requests_per_unit: 100 }
+  - key: path
+    rate_limit: { unit: day, requests_per_unit: 5 }
+"#;
+
+/// Calls of `command` Redis counted since the last `CONFIG RESETSTAT`.
+fn redis_calls(redis: &RedisServer, command: &str) -> u64 {
+    let info = redis_cli(redis.port(), &["INFO", "commandstats"]).expect("redis-cli");
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a count"))
+}
+
+fn reset_redis_stats(redis: &RedisServer) {
+    let ok = redis_cli(redis.port(), &["CONFIG", "RESETSTAT"]).expect("redis-cli");
+    assert_eq!(ok.trim(), "OK");
+}
+
+/// A request of three GCRA descriptors, each under its own limit, is one
+/// Redis call (one `EVALSHA`, counted by Redis itself), and each
+/// descriptor is still decided by its own limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_descriptors_are_one_redis_call() {
+    let redis = RedisServer::start().expect("redis-server");
+    let dir = ConfigDir::with("r.yaml", THREE_LIMITS);
+    let mut h = on_redis(&dir, &redis, FailurePolicyName::Closed).await;
+    let three = || {
+        support::request(
+            "r",
+            vec![
+                support::descriptor(&[("user", "u")]),
+                support::descriptor(&[("ip", "10.0.0.1")]),
+                support::descriptor(&[("path", "/a")]),
+            ],
+        )
+    };
+    // Load the script (a first call may meet NOSCRIPT).
+    h.ask(three()).await;
+    reset_redis_stats(&redis);
+    for _ in 0..4 {
+        h.ask(three()).await;
+    }
+    assert_eq!(redis_calls(&redis, "evalsha"), 4, "one call per request");
+    assert_eq!(redis_calls(&redis, "eval"), 0);
+    let response = h.ask(three()).await;
+    let codes: Vec<Code> = response.statuses.iter().map(support::status_code).collect();
+    assert_eq!(codes, [Code::OverLimit, Code::Ok, Code::OverLimit]);
+    let left: Vec<u32> = response
+        .statuses
+        .iter()
+        .map(|s| s.limit_remaining)
+        .collect();
+    assert_eq!(left, [0, 94, 0]);
+    assert_eq!(redis_calls(&redis, "evalsha"), 5);
+    let m = redis_metrics(&h);
+    assert_eq!(
+        (m.redis_calls, m.fallback_decisions),
+        (6, 0),
+        "one path, no fallback"
+    );
+}
+
+/// A domain `r` with one limit on `user`: `rate_limit` as YAML.
+fn user_limit(rate_limit: &str) -> ConfigDir {
+    let yaml = format!("domain: r\ndescriptors:\n  - key: user\n    rate_limit: {rate_limit}\n");
+    ConfigDir::with("r.yaml", &yaml)
+}
+
+/// An instance on `redis` with `--redis-lease lease`, and a timeout no
+/// loaded machine reaches (so no decision falls to the policy).
+fn leased(dir: &ConfigDir, redis: &RedisServer, lease: u64) -> turnstile_rls::Settings {
+    let mut s = settings(dir);
+    s.backend = BackendName::Redis;
+    s.redis_url = redis.url();
+    s.redis_lease = lease;
+    s.redis_timeout_ms = 5_000;
+    s
+}
+
+/// With `--redis-lease 100` a hot key costs one Redis call per 100
+/// decisions: 1,000 decisions are at most 20 calls (0.02 a decision), and
+/// every one is admitted, since the limit is far above them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_of_100_make_a_hot_key_one_call_per_lease() {
+    let redis = RedisServer::start().expect("redis-server");
+    let dir = user_limit("{ unit: second, requests_per_unit: 100000 }");
+    let mut h = start(leased(&dir, &redis, 100)).await;
+    reset_redis_stats(&redis);
+    assert_eq!(h.admitted("r", &[("user", "hot")], 1_000).await, 1_000);
+    let calls = redis_calls(&redis, "evalsha") + redis_calls(&redis, "eval");
+    assert!(calls >= 10, "the leases came from Redis: {calls}");
+    assert!(
+        calls as f64 / 1_000.0 <= 0.02,
+        "{calls} calls for 1,000 decisions"
+    );
+    assert_eq!(
+        redis_metrics(&h).lease_hits,
+        1_000 - redis_metrics(&h).redis_calls
+    );
+}
+
+/// Leases bound what a fleet over-admits: two instances with leases of 5
+/// on a limit of 10 an hour admit at most 10 + 2 x (5 - 1) in the hour,
+/// and at least the 10 the limit gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_instances_admit_at_most_the_limit_plus_their_leases() {
+    let redis = RedisServer::start().expect("redis-server");
+    let dir = user_limit("{ unit: hour, requests_per_unit: 10 }");
+    let mut a = start(leased(&dir, &redis, 5)).await;
+    let mut b = start(leased(&dir, &redis, 5)).await;
+    let mut admitted = 0;
+    for _ in 0..10 {
+        admitted += a.admitted("r", &[("user", "u")], 2).await;
+        admitted += b.admitted("r", &[("user", "u")], 2).await;
+    }
+    assert!((10..=18).contains(&admitted), "{admitted}");
+}
+
+/// An instance on `redis` with the peer's over-limit cache on.
+fn cached(dir: &ConfigDir, redis: &RedisServer, algorithm: Algorithm) -> turnstile_rls::Settings {
+    let mut s = leased(dir, redis, 0);
+    s.local_cache_size_in_bytes = 1 << 20;
+    s.default_algorithm = algorithm;
+    s
+}
+
+/// Six hits on a limit of 3.
+const THREE_THEN_OVER: [Code; 6] = [
+    Code::Ok,
+    Code::Ok,
+    Code::Ok,
+    Code::OverLimit,
+    Code::OverLimit,
+    Code::OverLimit,
+];
+
+/// The cache's statistic for `r`'s `user` limit.
+async fn cached_hits(h: &Harness) -> f64 {
+    support::stat(
+        &h.metrics().await,
+        "r",
+        "user",
+        "over_limit_with_local_cache",
+    )
+}
+
+/// `LOCAL_CACHE_SIZE_IN_BYTES` with fixed windows: once Redis counts a key
+/// over its limit, the next hits of that window are answered over the
+/// limit here, with no Redis call and no count there (as the peer's cache
+/// does), and counted in `over_limit` and `over_limit_with_local_cache`;
+/// another key still goes to Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_over_limit_cache_answers_a_window_over_its_limit_without_redis() {
+    let redis = RedisServer::start().expect("redis-server");
+    let dir = user_limit("{ unit: day, requests_per_unit: 3 }");
+    let mut h = start(cached(&dir, &redis, Algorithm::FixedWindow)).await;
+    reset_redis_stats(&redis);
+    let codes = h.codes("r", &[("user", "u")], 6).await;
+    assert_eq!(codes, THREE_THEN_OVER);
+    assert_eq!(
+        redis_calls(&redis, "incrby"),
+        4,
+        "the last two hits made no call"
+    );
+    let mut conn = redis_client(&redis).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs();
+    let key = format!("r_user_u_{}", now / 86_400 * 86_400);
+    let count: u64 = redis::cmd("GET")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .expect("GET");
+    assert_eq!(
+        count, 4,
+        "cached hits are not counted in Redis, as the peer's"
+    );
+    assert_eq!(cached_hits(&h).await, 2.0);
+    assert_eq!(
+        support::stat(&h.metrics().await, "r", "user", "over_limit"),
+        3.0
+    );
+    assert_eq!(h.admitted("r", &[("user", "other")], 1).await, 1);
+    assert_eq!(redis_calls(&redis, "incrby"), 5);
+}
+
+/// `LOCAL_CACHE_SIZE_IN_BYTES` with GCRA: a key Redis refused one hit is
+/// refused here until its `retry_after`, with no call; the answer still
+/// says how long until it passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_over_limit_cache_answers_a_refused_gcra_key_without_redis() {
+    let redis = RedisServer::start().expect("redis-server");
+    let dir = user_limit("{ unit: hour, requests_per_unit: 3 }");
+    let mut h = start(cached(&dir, &redis, Algorithm::Gcra)).await;
+    // Load the script (a first call may meet NOSCRIPT).
+    assert_eq!(h.admitted("r", &[("user", "warm-up")], 1).await, 1);
+    reset_redis_stats(&redis);
+    let codes = h.codes("r", &[("user", "u")], 6).await;
+    assert_eq!(codes, THREE_THEN_OVER);
+    assert_eq!(
+        redis_calls(&redis, "evalsha"),
+        4,
+        "the last two refusals made no call"
+    );
+    assert_eq!(cached_hits(&h).await, 2.0);
+    let response = h
+        .ask(support::request(
+            "r",
+            vec![support::descriptor(&[("user", "u")])],
+        ))
+        .await;
+    let wait = response.statuses[0]
+        .duration_until_reset
+        .as_ref()
+        .expect("a refusal says when");
+    assert!(
+        (1_000..=1_200).contains(&wait.seconds),
+        "about 20 minutes: {wait:?}"
+    );
+    assert_eq!(redis_calls(&redis, "evalsha"), 4);
+}
+
+/// The cache is off unless `LOCAL_CACHE_SIZE_IN_BYTES` says a size, as the
+/// peer's: read under the peer's name, 0 by default.
+#[test]
+fn the_over_limit_cache_is_the_peers_variable_and_off_by_default() {
+    use clap::CommandFactory;
+    let command = turnstile_rls::Settings::command();
+    let arg = command
+        .get_arguments()
+        .find(|a| a.get_id() == "local_cache_size_in_bytes")
+        .expect("the setting");
+    assert_eq!(
+        arg.get_env().and_then(|e| e.to_str()),
+        Some("LOCAL_CACHE_SIZE_IN_BYTES")
+    );
+    assert_eq!(arg.get_default_values(), ["0"]);
 }
