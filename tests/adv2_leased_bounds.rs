@@ -181,7 +181,7 @@ fn jump_and_count(attack: Attack, run: Duration) -> (BTreeMap<u64, u64>, u64, u6
                             assert!(decision.retry_after().is_some_and(|r| !r.is_zero()));
                         }
                         checks += 1;
-                        if checks % 64 == 0 {
+                        if checks.is_multiple_of(64) {
                             dog.tick();
                         }
                     }
