@@ -119,10 +119,12 @@ fn eight_threads_of_cost_one_admit_the_whole_rate() {
     assert!(worst >= 0.99, "{:.1} %", worst * 100.0);
 }
 
-/// Costs of 40 on a bucket of 1,000 at 1 per µs, two threads: the room
-/// of 32 cost-1 tokens is less than one racing request.
+/// What held too: costs of 40 on a bucket of 1,000 at 1 per µs, two
+/// threads. The room of 32 cost-1 tokens is less than one racing request,
+/// but a bucket held at its boundary never has room for an add anyway
+/// (each request is admitted as soon as its 40 tokens are due), so the
+/// overshoot zone (72 to 80 tokens left) is crossed once per drain.
 #[test]
-#[ignore = "adv2 defect: ADD_ROOM is counted in cost-1 tokens, so costs above it overshoot and under-admit"]
 fn two_threads_of_cost_forty_admit_the_whole_rate() {
     let worst = worst_share("1000000/s burst 1000", 2, 40, Duration::from_secs(2));
     assert!(worst >= 0.99, "{:.1} %", worst * 100.0);
