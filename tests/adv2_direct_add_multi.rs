@@ -9,36 +9,14 @@
 //! frozen clock and on one that moves a step per reading.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
-use turnstile_rl::{Clock, MultiLimiter, Quota, Quotas};
+use turnstile_rl::{MultiLimiter, Quota, Quotas};
 use turnstile_test_kit::watchdog::Watchdog;
 
-/// A clock that moves `step` nanoseconds on every reading (0: frozen).
-#[derive(Clone)]
-struct Ticking {
-    now: Arc<AtomicU64>,
-    step: u64,
-}
-
-impl Clock for Ticking {
-    fn now(&self) -> u64 {
-        self.now.fetch_add(self.step, Ordering::Relaxed) + self.step
-    }
-}
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-    }
-}
+mod adv2_kit;
+use adv2_kit::{Rng, Ticking};
 
 const THREADS: u64 = 8;
 
@@ -51,10 +29,7 @@ fn round(step: u64, run: u64, dog: &Watchdog) -> ([u64; 2], [u64; 2]) {
         "1000000/s burst 64".parse().unwrap(),
         "200000/s burst 200".parse().unwrap(),
     ];
-    let clock = Ticking {
-        now: Arc::new(AtomicU64::new(1_000_000)),
-        step,
-    };
+    let clock = Ticking::new(1_000_000, step);
     let multi = MultiLimiter::builder(Quotas::new(quotas).unwrap())
         .clock(clock.clone())
         .build();

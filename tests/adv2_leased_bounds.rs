@@ -22,23 +22,10 @@ use turnstile_rl::leased::{LEASE_TICK, MAX_LEASE_TTL, MIN_LEASE_TTL};
 use turnstile_rl::{Clock, LeasedLimiter, Quota};
 use turnstile_test_kit::watchdog::Watchdog;
 
+mod adv2_kit;
+use adv2_kit::Rng;
+
 const THREADS: usize = 32;
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 thread_local! {
     /// The reading this thread's last clock read returned.
