@@ -307,7 +307,11 @@ impl<C: Clock, A: Algorithm> DirectLimiter<C, A> {
     }
 
     /// Fills the bucket again, as if it had never been used. Returns whether
-    /// it was in use. One CAS: a check racing it lands before or after.
+    /// it was in use. One CAS: a check racing it lands before or after. A
+    /// check that read the clock before the reset and lands after it is
+    /// decided on the new bucket at that older reading: as any reading `d`
+    /// late on a fresh bucket (see `crate::clock`, "A clock that steps
+    /// backwards"), it can let up to `d / T` more pass, once.
     ///
     /// The full bucket is a new one: a multi-limit check that charged the
     /// old one and is then denied takes nothing out of it. So a reset waits

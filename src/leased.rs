@@ -137,9 +137,14 @@
 //! only its own threads write; the shared word is written once per lease
 //! and never read otherwise. The decision's figures come from the
 //! bucket's state as of the stripe's last take (a copy kept on the
-//! stripe's line), plus the lease's tokens left: `remaining` is what this
-//! caller may still spend, not a global count. A denial is the bucket's own,
-//! with its exact `retry_after`.
+//! stripe's line, aged to this check's reading), plus the lease's tokens
+//! left. So `remaining` and `reset_after` are this stripe's view: they do
+//! not see what other stripes took from the bucket since its last take,
+//! and overstate what this caller can still spend by that much (never
+//! understate it, on a clock that moves forward): an estimate, where a
+//! `DirectLimiter`'s are exact. Reading the shared word on every check to
+//! correct them would put back the line every core contends for. A denial
+//! is the bucket's own, with its exact `retry_after`.
 //!
 //! # What it does not do
 //!
