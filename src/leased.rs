@@ -386,11 +386,16 @@ impl Stripe {
 
 /// This thread's number, from 0 in the order threads first check a leased
 /// limiter: its stripe is this modulo the stripes. A `usize`, so the
-/// thread-local has no destructor.
+/// thread-local has no destructor. Under loom, one per model thread (so a
+/// model's two threads take consecutive numbers: two stripes of two).
 #[inline]
 fn thread_index() -> usize {
     static THREADS: AtomicUsize = AtomicUsize::new(0);
-    std::thread_local! {
+    #[cfg(turnstile_loom)]
+    use loom::thread_local;
+    #[cfg(not(turnstile_loom))]
+    use std::thread_local;
+    thread_local! {
         static INDEX: usize = THREADS.fetch_add(1, Relaxed);
     }
     // A thread whose locals are gone (exiting) uses stripe 0.

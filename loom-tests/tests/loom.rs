@@ -222,6 +222,42 @@ fn two_takes_race_and_merge_their_leases() {
     );
 }
 
+/// Two checks on two stripes (each thread its own) find them empty and
+/// take leases of two from a bucket of four at once: the takes race on
+/// the bucket's word, one CAS loses and takes again from what the other
+/// left, and each installs on its own stripe, where nothing merges. On a
+/// clock that never moves exactly the four tokens pass, however the two
+/// threads share them.
+#[test]
+fn takes_of_two_stripes_race_on_the_bucket() {
+    let since = model(|| {
+        let limiter = Arc::new(
+            LeasedLimiter::builder(quota(4))
+                .clock(ManualClock::new())
+                .max_lease(2)
+                .stripes(2)
+                .adaptive(false)
+                .build()
+                .unwrap(),
+        );
+        let other = limiter.clone();
+        let a = spawn(move || drain(&other));
+        let here = drain(&limiter);
+        let there = a.join().unwrap();
+        assert_eq!(here + there, 4, "{here} and {there} passed of a burst of 4");
+    });
+    reached(
+        since,
+        &probe::CAS_RETRY,
+        "a take that lost the bucket's CAS to the other stripe's",
+    );
+    // On one stripe, some interleaving installs over the other's lease.
+    assert!(
+        probe::LEASE_MERGED.last() <= since,
+        "a lease merged: the two threads shared a stripe"
+    );
+}
+
 /// Adaptive leases (the default): two checks of one stripe take one token
 /// each at once, and the one whose take lost the bucket's CAS doubles the
 /// stripe's lease size, so the next take leases two. Whatever the
