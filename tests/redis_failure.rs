@@ -430,3 +430,38 @@ async fn a_redis_that_is_not_running_refuses_at_once() -> TestResult {
     );
     Ok(())
 }
+
+/// A pipeline of the caller's own (`RedisLimiter::query`) goes through the
+/// limiter's connection, breaker and metrics: it counts as a call, its
+/// failures open the breaker its checks use, and the open breaker refuses
+/// it at once, and refuses the checks too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callers_pipeline_shares_the_breaker_with_checks() -> TestResult {
+    let mut server = RedisServer::start()?;
+    let limiter = limiter_cooling(&server, FailurePolicy::FailOpen, NO_PROBE).await?;
+    let mut pipe = redis::pipe();
+    pipe.incr("windows:a", 2).expire("windows:a", 60).ignore();
+    let (count,): (u64,) = limiter.query(&pipe).await?;
+    assert_eq!(count, 2);
+    let (count,): (u64,) = limiter.query(&pipe).await?;
+    assert_eq!(count, 4, "the same key, counted on");
+    assert_eq!(limiter.metrics().redis_calls, 2);
+    server.kill();
+    for _ in 0..3 {
+        let failed = limiter.query::<(u64,)>(&pipe).await;
+        assert!(failed.is_err(), "Redis is gone: {failed:?}");
+    }
+    assert_eq!(limiter.breaker_state(), BreakerState::Open);
+    let refused = limiter.query::<(u64,)>(&pipe).await;
+    assert!(
+        matches!(refused, Err(RedisCallError::BreakerOpen { .. })),
+        "{refused:?}"
+    );
+    let decision = limiter.check("k").await?;
+    assert!(
+        decision.is_fallback(),
+        "the checks meet the same open breaker"
+    );
+    assert!(limiter.metrics().breaker_rejections >= 2);
+    Ok(())
+}

@@ -224,23 +224,19 @@ impl Engine {
             BackendSettings::InProcess { max_keys } => {
                 Windows::Local(WindowCounters::new(max_keys))
             }
-            BackendSettings::Redis(redis) => Windows::Redis(
-                RedisWindows::new(RedisWindowSettings {
-                    url: redis.url,
+            BackendSettings::Redis(settings_redis) => Windows::Redis(RedisWindows::new(
+                RedisWindowSettings {
                     prefix: settings.cache_key_prefix.clone(),
                     jitter_max_secs: settings.expiration_jitter_max_seconds,
-                    timeout: redis.timeout,
-                    policy: redis.failure_policy,
-                    max_keys: redis.max_keys,
+                    policy: settings_redis.failure_policy,
+                    max_keys: settings_redis.max_keys,
                     cache,
-                })
-                .map_err(|e| {
-                    unservable(format!(
-                        "fixed windows cannot use Redis at {}: {e}",
-                        settings.redis_url
-                    ))
-                })?,
-            ),
+                },
+                redis
+                    .as_ref()
+                    .map(RedisGcra::shared)
+                    .ok_or_else(|| unservable("a Redis backend without its limiter".into()))?,
+            )),
         };
         let config = ConfigSet::load(&settings.config, settings.load_options())?;
         let rules = build_rules(&config, (redis.as_ref(), settings.max_keys), &stats, None)?;

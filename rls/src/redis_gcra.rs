@@ -25,7 +25,7 @@ use crate::settings::{FailurePolicyName, RedisSettings};
 /// from, whose call path they all share.
 #[derive(Debug)]
 pub struct RedisGcra {
-    base: RedisLimiter,
+    base: Arc<RedisLimiter>,
     settings: RedisSettings,
     /// `LOCAL_CACHE_SIZE_IN_BYTES`: keys Redis refused, until when.
     cache: Option<Arc<OverLimitCache>>,
@@ -68,7 +68,7 @@ impl RedisGcra {
             .await
             .map_err(|e| format!("cannot use Redis at {}: {e}", settings.url))?;
         Ok(RedisGcra {
-            base,
+            base: Arc::new(base),
             settings: settings.clone(),
             cache,
         })
@@ -195,6 +195,12 @@ impl RedisGcra {
     /// calls: they share one path).
     pub fn metrics(&self) -> MetricsSnapshot {
         self.base.metrics()
+    }
+
+    /// The service's limiter, whose connection, timeout and breaker the
+    /// fixed windows in Redis share (`crate::redis_windows`).
+    pub fn shared(&self) -> Arc<RedisLimiter> {
+        self.base.clone()
     }
 }
 

@@ -5,24 +5,29 @@
 //! of a request in **one pipeline** (one round trip; two with
 //! `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, whose `GET`s come first, as
 //! there). A fleet moving from the peer keeps its counts mid-window.
+//!
+//! The pipelines go through the service's one Redis limiter
+//! ([`RedisLimiter::query`]): its connection, timeout and circuit breaker,
+//! so an outage that fixed windows see opens the breaker GCRA limits use,
+//! and the other way round.
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use turnstile_rl::redis::{RedisCallError, RedisLimiter};
 
 use crate::over_limit_cache::{OverLimit, OverLimitCache};
 use crate::settings::FailurePolicyName;
 use crate::window::{charges, unix_now, WindowCount, WindowCounters, WindowHit};
 
-/// The service's fixed windows in Redis: one connection for all limits.
+/// The service's fixed windows in Redis, on the service's one Redis
+/// limiter's call path.
 pub struct RedisWindows {
-    connection: ConnectionManager,
+    redis: Arc<RedisLimiter>,
     prefix: String,
     jitter_max_secs: u64,
-    timeout: Duration,
     policy: FailurePolicyName,
     /// The counts of `--redis-failure-policy local`.
     local: WindowCounters,
@@ -41,14 +46,10 @@ impl std::fmt::Debug for RedisWindows {
 /// The Redis settings of fixed windows.
 #[derive(Clone, Debug)]
 pub struct RedisWindowSettings {
-    /// The server.
-    pub url: String,
     /// `CACHE_KEY_PREFIX`.
     pub prefix: String,
     /// `EXPIRATION_JITTER_MAX_SECONDS`.
     pub jitter_max_secs: u64,
-    /// One round trip's timeout.
-    pub timeout: Duration,
     /// What a request gets when Redis cannot answer.
     pub policy: FailurePolicyName,
     /// The local fallback's size.
@@ -58,21 +59,16 @@ pub struct RedisWindowSettings {
 }
 
 impl RedisWindows {
-    /// Windows on the Redis at `settings.url`, connected on first use.
-    pub fn new(settings: RedisWindowSettings) -> Result<RedisWindows, redis::RedisError> {
-        let client = redis::Client::open(settings.url.as_str())?;
-        let connection = client.get_connection_manager_lazy(
-            ConnectionManagerConfig::new().set_response_timeout(Some(settings.timeout)),
-        )?;
-        Ok(RedisWindows {
-            connection,
+    /// Windows counted through `redis`, the service's limiter.
+    pub fn new(settings: RedisWindowSettings, redis: Arc<RedisLimiter>) -> RedisWindows {
+        RedisWindows {
+            redis,
             prefix: settings.prefix,
             jitter_max_secs: settings.jitter_max_secs,
-            timeout: settings.timeout,
             policy: settings.policy,
             local: WindowCounters::new(settings.max_keys),
             cache: settings.cache,
-        })
+        }
     }
 
     /// Counts one request's windowed descriptors; when Redis cannot answer,
@@ -83,18 +79,9 @@ impl RedisWindows {
             return Vec::new();
         }
         let now = unix_now();
-        match tokio::time::timeout(
-            self.timeout * 2,
-            self.count_in_redis(hits, stop_when_over, now),
-        )
-        .await
-        {
-            Ok(Ok(counts)) => counts,
-            failed => {
-                let error = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "timed out".to_owned(),
-                };
+        match self.count_in_redis(hits, stop_when_over, now).await {
+            Ok(counts) => counts,
+            Err(error) => {
                 tracing::debug!(%error, "fixed windows: Redis did not answer, the failure policy decides");
                 self.fallback(hits, stop_when_over, now)
             }
@@ -106,8 +93,7 @@ impl RedisWindows {
         hits: &[WindowHit],
         stop_when_over: bool,
         now: u64,
-    ) -> redis::RedisResult<Vec<WindowCount>> {
-        let mut connection = self.connection.clone();
+    ) -> Result<Vec<WindowCount>, RedisCallError> {
         let keys: Vec<String> = hits
             .iter()
             .map(|h| format!("{}{}{}", self.prefix, h.key, now / h.length * h.length))
@@ -133,7 +119,7 @@ impl RedisWindows {
             for key in &keys {
                 gets.get(key);
             }
-            let current: Vec<Option<u64>> = gets.query_async(&mut connection).await?;
+            let current: Vec<Option<u64>> = self.redis.query(&gets).await?;
             let current: Vec<u64> = current.into_iter().map(Option::unwrap_or_default).collect();
             charges(hits, &current)
         };
@@ -150,7 +136,7 @@ impl RedisWindows {
                     .expire(key, (hit.length + jitter) as i64)
                     .ignore();
             }
-            afters = pipe.query_async(&mut connection).await?;
+            afters = self.redis.query(&pipe).await?;
         }
         let mut afters = afters.into_iter();
         let mut counts = Vec::with_capacity(hits.len());

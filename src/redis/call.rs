@@ -67,14 +67,7 @@ impl CallPath {
         calls: &[ScriptInvocation<'_>],
         decode: impl Fn(usize, &[i64]) -> Result<T, RedisCallError> + Sync,
     ) -> Result<Vec<Result<T, RedisCallError>>, RedisCallError> {
-        let (admission, transition) = self.breaker.admit(Instant::now());
-        self.metrics.transition(transition);
-        if admission == Admission::Reject {
-            self.metrics.breaker_rejection();
-            return Err(RedisCallError::BreakerOpen {
-                retry_in: self.breaker.retry_in(Instant::now()),
-            });
-        }
+        self.admit()?;
         let deadline = tokio::time::Instant::now() + self.timeout;
         let decode = &decode;
         let sent = calls.iter().enumerate().map(|(index, call)| async move {
@@ -88,8 +81,51 @@ impl CallPath {
             decode(index, &reply)
         });
         let results = futures_util::future::join_all(sent).await;
+        self.settle(results.iter().filter_map(|r| r.as_ref().err()));
+        Ok(results)
+    }
+
+    /// Sends one pipeline of the caller's own commands as [`run`](Self::run)
+    /// sends a script call: asked of the breaker, under the timeout,
+    /// counted and timed, its failure heard by the breaker.
+    pub(crate) async fn run_pipeline<T: redis::FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> Result<T, RedisCallError> {
+        self.admit()?;
+        self.metrics.call();
+        let started = Instant::now();
+        let reply = tokio::time::timeout(self.timeout, self.connection.query(pipe))
+            .await
+            .map_err(|_| RedisCallError::Timeout)
+            .and_then(|reply| reply.map_err(RedisCallError::from_redis));
+        if reply.is_ok() {
+            self.metrics.latency(started.elapsed());
+        }
+        self.settle(reply.as_ref().err());
+        reply
+    }
+
+    /// Asks the breaker whether a call may be sent: open, the call is
+    /// refused at once (counted in
+    /// [`MetricsSnapshot::breaker_rejections`](super::MetricsSnapshot::breaker_rejections)).
+    fn admit(&self) -> Result<(), RedisCallError> {
+        let (admission, transition) = self.breaker.admit(Instant::now());
+        self.metrics.transition(transition);
+        if admission == Admission::Reject {
+            self.metrics.breaker_rejection();
+            return Err(RedisCallError::BreakerOpen {
+                retry_in: self.breaker.retry_in(Instant::now()),
+            });
+        }
+        Ok(())
+    }
+
+    /// Counts each of a send's `errors` and tells the breaker: one failure
+    /// if there was any, else one success.
+    fn settle<'e>(&self, errors: impl IntoIterator<Item = &'e RedisCallError>) {
         let mut failed = false;
-        for error in results.iter().filter_map(|r| r.as_ref().err()) {
+        for error in errors {
             self.metrics.failure(error);
             failed = true;
         }
@@ -99,7 +135,6 @@ impl CallPath {
             self.breaker.on_success()
         };
         self.metrics.transition(transition);
-        Ok(results)
     }
 
     /// [`run`](Self::run) for one call.

@@ -63,6 +63,16 @@ impl Connection {
     }
 
     /// Runs the script.
+    pub(crate) async fn query<T: redis::FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> RedisResult<T> {
+        match self {
+            Connection::Single(manager) => pipe.query_async(&mut manager.clone()).await,
+            Connection::Cluster(cluster) => pipe.query_async(&mut cluster.clone()).await,
+        }
+    }
+
     pub(crate) async fn invoke(&self, call: &ScriptInvocation<'_>) -> RedisResult<Vec<i64>> {
         match self {
             Connection::Single(manager) => call.invoke_async(&mut manager.clone()).await,

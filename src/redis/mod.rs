@@ -809,6 +809,32 @@ impl RedisLimiter {
     pub fn last_error(&self) -> Option<RedisCallError> {
         self.path.metrics().last_error()
     }
+
+    /// Sends a pipeline of the caller's own commands through this
+    /// limiter's connection, timeout and circuit breaker, counted in its
+    /// metrics: for a service that keeps counters of its own beside its
+    /// limits (turnstile-rls counts envoyproxy/ratelimit's fixed windows
+    /// with `INCRBY` and `EXPIRE`), so that one outage opens one breaker
+    /// for both, and an open breaker refuses this call at once
+    /// ([`RedisCallError::BreakerOpen`]) as it refuses checks. What a
+    /// failure means is the caller's to decide: no failure policy applies.
+    /// On a Cluster, the pipeline's keys must share a hash slot.
+    ///
+    /// ```no_run
+    /// # async fn run(limiter: turnstile_rl::redis::RedisLimiter) -> Result<(), turnstile_rl::redis::RedisCallError> {
+    /// let mut pipe = redis::pipe();
+    /// pipe.incr("hits:2026-12-04", 1).expire("hits:2026-12-04", 86_400).ignore();
+    /// let (hits,): (u64,) = limiter.query(&pipe).await?;
+    /// # let _ = hits;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn query<T: redis::FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> Result<T, RedisCallError> {
+        self.path.run_pipeline(pipe).await
+    }
 }
 
 /// The leases that `lease` (size `k`, time to live) asks for on `script`'s

@@ -137,20 +137,65 @@ async fn stop_cache_key_increment_in_redis_spares_the_other_descriptors() {
     assert_eq!((spared, charged), (0, 2));
 }
 
+/// Fixed windows on `redis` with the service's default timeout, failing
+/// by `policy`.
+async fn windows_failing(
+    dir: &ConfigDir,
+    redis: &RedisServer,
+    policy: FailurePolicyName,
+) -> Harness {
+    let mut settings = settings(dir);
+    settings.backend = BackendName::Redis;
+    settings.redis_url = redis.url();
+    settings.default_algorithm = turnstile_rls::config::Algorithm::FixedWindow;
+    settings.redis_failure_policy = policy;
+    start(settings).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_windows_with_redis_killed_fail_closed_refuse() {
     let mut redis = RedisServer::start().expect("redis-server");
     let dir = ConfigDir::with("basic_config.yaml", PEER_BASIC);
-    let mut settings = settings(&dir);
-    settings.backend = BackendName::Redis;
-    settings.redis_url = redis.url();
-    settings.default_algorithm = turnstile_rls::config::Algorithm::FixedWindow;
-    settings.redis_failure_policy = FailurePolicyName::Closed;
-    let mut h = start(settings).await;
+    let mut h = windows_failing(&dir, &redis, FailurePolicyName::Closed).await;
     let key5 = &[("key5", "value5")];
     assert_eq!(h.admitted("test-domain", key5, 1).await, 1, "Redis decides");
     redis.kill();
     assert_eq!(h.admitted("test-domain", key5, 2).await, 0);
+}
+
+/// Fixed windows go through the service's one Redis limiter: with Redis
+/// gone, their failed pipelines are counted there and open the breaker
+/// that GCRA limits use, which then refuses them at once. (Before, the
+/// windows had a connection of their own, with no breaker: every request
+/// waited for its timeout, and the service's Redis metrics saw nothing.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_windows_and_gcra_share_one_breaker() {
+    let mut redis = RedisServer::start().expect("redis-server");
+    let dir = ConfigDir::with("basic_config.yaml", PEER_BASIC);
+    let mut h = windows_failing(&dir, &redis, FailurePolicyName::Open).await;
+    let key5 = &[("key5", "value5")];
+    assert_eq!(h.admitted("test-domain", key5, 1).await, 1, "Redis decides");
+    let before = redis_metrics(&h);
+    assert!(
+        before.redis_calls >= 1,
+        "the window's pipeline was a call of the service's limiter"
+    );
+    redis.kill();
+    // Fail open: every request passes, decided by the policy.
+    assert_eq!(h.admitted("test-domain", key5, 10).await, 10);
+    let after = redis_metrics(&h);
+    assert!(
+        after.redis_errors + after.timeouts > before.redis_errors + before.timeouts,
+        "the failed pipelines were counted: {after:?}"
+    );
+    assert!(
+        after.breaker_opened >= 1,
+        "the windows' failures opened the breaker: {after:?}"
+    );
+    assert!(
+        after.breaker_rejections >= 1,
+        "the open breaker refused a window's pipeline: {after:?}"
+    );
 }
 
 /// The service's Redis metrics (one path for every GCRA limit).
