@@ -13,36 +13,22 @@
 //! so an exact limiter admits that less at most `n - 1` (the tail it
 //! cannot spend whole).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use turnstile_rl::{Clock, DirectLimiter, Quota};
 use turnstile_test_kit::watchdog::Watchdog;
 
-/// A clock that moves `STEP` nanoseconds on every reading until frozen.
-#[derive(Clone, Default)]
-struct Ticking(Arc<(AtomicU64, AtomicBool)>);
+mod adv2_kit;
+use adv2_kit::Ticking;
 
 const STEP: u64 = 100;
-
-impl Clock for Ticking {
-    fn now(&self) -> u64 {
-        let (now, frozen) = &*self.0;
-        if frozen.load(Ordering::Relaxed) {
-            now.load(Ordering::Relaxed)
-        } else {
-            now.fetch_add(STEP, Ordering::Relaxed) + STEP
-        }
-    }
-}
 
 /// One round: `threads` threads check `cost` each until the clock passes
 /// `run` ns, then the clock stops and the bucket is drained with the same
 /// cost. Returns (tokens admitted, the exact limiter's admissions for the
 /// clock's end, CAS retries the round made).
 fn round(quota: Quota, threads: usize, cost: u64, run: u64, dog: &Watchdog) -> (u64, u64, u64) {
-    let clock = Ticking::default();
+    let clock = Ticking::new(0, STEP);
     let limiter = DirectLimiter::builder(quota).clock(clock.clone()).build();
     let retries = turnstile_rl::__private::cas_retries();
     let barrier = std::sync::Barrier::new(threads);
@@ -64,7 +50,7 @@ fn round(quota: Quota, threads: usize, cost: u64, run: u64, dog: &Watchdog) -> (
             .collect();
         workers.into_iter().map(|t| t.join().unwrap()).sum()
     });
-    clock.0 .1.store(true, Ordering::Relaxed);
+    clock.freeze();
     let end = clock.now();
     let mut drained = 0;
     while limiter.check_n(cost).unwrap().is_allowed() {

@@ -4,30 +4,14 @@
 //! overshot the bucket and each take-back kept its check's duration of
 //! debt: two threads on a 1,000,000/s bucket admitted 77 to 81 % of it.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use turnstile_rl::{Clock, DirectLimiter, Quota};
 
-/// A clock that moves `STEP` nanoseconds on every reading until frozen:
-/// every check is decided at a reading of its own, and time passes only
-/// as fast as checks are made, however loaded the machine.
-#[derive(Clone, Default)]
-struct Ticking(Arc<(AtomicU64, AtomicBool)>);
+mod adv2_kit;
+use adv2_kit::Ticking;
 
 const STEP: u64 = 100;
-
-impl Clock for Ticking {
-    fn now(&self) -> u64 {
-        let (now, frozen) = &*self.0;
-        if frozen.load(Ordering::Relaxed) {
-            now.load(Ordering::Relaxed)
-        } else {
-            now.fetch_add(STEP, Ordering::Relaxed) + STEP
-        }
-    }
-}
 
 /// Two threads check one bucket (1 per µs, burst 64) until the clock has
 /// passed 20 ms (about 200,000 readings, each a tenth of a token); then the
@@ -48,7 +32,7 @@ fn two_threads_at_the_boundary_admit_the_whole_rate() {
     // other thread's admissions (where the adds of the old path overshot
     // and were taken back, a round lost a sixth of the rate).
     loop {
-        let clock = Ticking::default();
+        let clock = Ticking::new(0, STEP);
         let limiter = DirectLimiter::builder(quota).clock(clock.clone()).build();
         let retries = turnstile_rl::__private::cas_retries();
         let barrier = std::sync::Barrier::new(2);
@@ -67,7 +51,7 @@ fn two_threads_at_the_boundary_admit_the_whole_rate() {
                 .collect();
             threads.into_iter().map(|t| t.join().unwrap()).sum()
         });
-        clock.0 .1.store(true, Ordering::Relaxed);
+        clock.freeze();
         let end = clock.now();
         let drained = std::iter::from_fn(|| limiter.check().is_allowed().then_some(())).count();
         let total = admitted + drained as u64;

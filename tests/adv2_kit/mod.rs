@@ -8,12 +8,12 @@ use std::sync::Arc;
 
 use turnstile_rl::Clock;
 
-/// A clock that moves `step` nanoseconds on every reading (0: frozen):
+/// A clock that moves `step` nanoseconds on every reading until frozen:
 /// time passes only as fast as checks are made, however loaded the host.
 #[derive(Clone)]
 pub struct Ticking {
     pub now: Arc<AtomicU64>,
-    pub step: u64,
+    step: Arc<AtomicU64>,
 }
 
 impl Ticking {
@@ -21,14 +21,21 @@ impl Ticking {
     pub fn new(start: u64, step: u64) -> Self {
         Ticking {
             now: Arc::new(AtomicU64::new(start)),
-            step,
+            step: Arc::new(AtomicU64::new(step)),
         }
+    }
+
+    /// Stops the clock: every later reading is the last one.
+    pub fn freeze(&self) {
+        self.step.store(0, Ordering::Relaxed);
     }
 }
 
 impl Clock for Ticking {
     fn now(&self) -> u64 {
-        self.now.fetch_add(self.step, Ordering::Relaxed) + self.step
+        // Relaxed: a test reading, ordered by nothing but itself.
+        let step = self.step.load(Ordering::Relaxed);
+        self.now.fetch_add(step, Ordering::Relaxed) + step
     }
 }
 
