@@ -40,6 +40,7 @@
 //! - [`evict`]: idle keys swept, and a bucket evicted for a new key at the
 //!   bound.
 //! - [`prefetch`]: cache hints for batches and the eviction window.
+//! - [`huge_pages`]: large tables advised to the kernel for 2 MiB pages.
 //!
 //! # Orderings
 //!
@@ -63,6 +64,8 @@
 
 mod chain;
 mod evict;
+#[cfg(not(turnstile_loom))]
+mod huge_pages;
 mod lifecycle;
 mod migrate;
 mod prefetch;

@@ -50,7 +50,8 @@ pub(super) struct TableCounters {
     pub(super) sweep: AtomicUsize,
 }
 
-/// `capacity` EMPTY slots, as zeroed memory that the OS maps on first touch.
+/// `capacity` EMPTY slots, as zeroed memory that the OS maps on first touch
+/// (in huge pages where it can: `super::huge_pages`).
 #[cfg(not(turnstile_loom))]
 pub(super) fn empty_slots<K>(capacity: usize) -> Box<[Slot<K>]> {
     let layout = std::alloc::Layout::array::<Slot<K>>(capacity)
@@ -60,10 +61,12 @@ pub(super) fn empty_slots<K>(capacity: usize) -> Box<[Slot<K>]> {
     // `AtomicU64` of 0 (EMPTY) and a key that is `MaybeUninit`. The box
     // frees with the same layout (`Layout::array` is `[Slot<K>]`'s).
     unsafe {
-        let slots = std::alloc::alloc_zeroed(layout).cast::<Slot<K>>();
+        let slots = std::alloc::alloc_zeroed(layout);
         if slots.is_null() {
             std::alloc::handle_alloc_error(layout);
         }
+        super::huge_pages::advise(slots, layout.size());
+        let slots = slots.cast::<Slot<K>>();
         Box::from_raw(std::ptr::slice_from_raw_parts_mut(slots, capacity))
     }
 }
