@@ -329,6 +329,11 @@ impl Engine {
         // The domain first, as envoyproxy/ratelimit: an unknown domain has
         // no limits, not even the ones Envoy sends in descriptors.
         let known_domain = rules.has_domain(&request.domain);
+        if !known_domain {
+            self.stats
+                .domain_not_found(&request.domain)
+                .increment(request.descriptors.len() as u64);
+        }
         let mut matches: Vec<Option<Match>> = Vec::with_capacity(request.descriptors.len());
         for descriptor in &request.descriptors {
             matches.push(match &descriptor.limit {

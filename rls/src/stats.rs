@@ -102,6 +102,18 @@ impl ServiceStats {
         }
     }
 
+    /// `ratelimit_service_rate_limit_domain_not_found{domain}`: descriptors
+    /// of requests naming a domain no file configures, as the peer's
+    /// `rate_limit.DOMAIN.domain_not_found` counts them (one per descriptor:
+    /// it looks each up).
+    pub fn domain_not_found(&self, domain: &str) -> Counter {
+        counter(
+            &self.recorder,
+            "ratelimit_service_rate_limit_domain_not_found",
+            vec![Label::new("domain", domain.to_owned())],
+        )
+    }
+
     /// The text of `/metrics`: the counters, the gauges of `limits` (each
     /// named `domain.path`) read now, and the service's Redis figures.
     pub fn render(
