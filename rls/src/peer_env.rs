@@ -122,6 +122,38 @@ fn peer_defaults(
     if let Some(ratio) = var("NEAR_LIMIT_RATIO") {
         out.push(("near_limit_ratio", ratio));
     }
+    // The peer's settings of the same meaning here: read through `env` as
+    // every variable above (not by the command line parser from the
+    // process' environment), so `env` is the only source of the peer's
+    // variables, and booleans read as the peer reads them.
+    for (arg, name) in [
+        (
+            "stop_cache_key_increment_when_overlimit",
+            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        ),
+        ("merge_domain_config", "MERGE_DOMAIN_CONFIG"),
+        ("quota_mode", "QUOTA_MODE"),
+        ("limit_response_headers", "LIMIT_RESPONSE_HEADERS_ENABLED"),
+    ] {
+        if let Some(value) = var(name) {
+            out.push((arg, go_bool(name, value)?));
+        }
+    }
+    for (arg, name) in [
+        ("limit_limit_header", "LIMIT_LIMIT_HEADER"),
+        ("limit_remaining_header", "LIMIT_REMAINING_HEADER"),
+        ("limit_reset_header", "LIMIT_RESET_HEADER"),
+        ("local_cache_size_in_bytes", "LOCAL_CACHE_SIZE_IN_BYTES"),
+        ("cache_key_prefix", "CACHE_KEY_PREFIX"),
+        (
+            "expiration_jitter_max_seconds",
+            "EXPIRATION_JITTER_MAX_SECONDS",
+        ),
+    ] {
+        if let Some(value) = var(name) {
+            out.push((arg, value));
+        }
+    }
     if let Some(value) = var("RUNTIME_WATCH_ROOT") {
         // Either way the directory itself is polled, targets of symlinks
         // included; read so that a bad value is refused as the peer does.
