@@ -30,6 +30,11 @@ const SHARDS: usize = 16;
 /// decision and the string's header, rounded up.
 pub const ENTRY_BYTES: usize = 96;
 
+/// The smallest cache, whatever the size asked: `freecache`'s (the peer's
+/// cache) 512 KiB. The peer's own integration test asks for 1,000 bytes
+/// and gets this; 1,000 bytes would hold a few keys at most here.
+pub const MIN_BYTES: usize = 512 * 1024;
+
 /// The keys known over their limit, until when.
 #[derive(Debug)]
 pub struct OverLimitCache {
@@ -53,13 +58,17 @@ pub struct OverLimit {
 }
 
 impl OverLimitCache {
-    /// A cache of about `size_in_bytes`; `None` for 0 (the peer's default:
-    /// off).
+    /// A cache of about `size_in_bytes`, at least [`MIN_BYTES`] as the
+    /// peer's; `None` for 0 (the peer's default: off).
     pub fn new(size_in_bytes: usize) -> Option<OverLimitCache> {
-        (size_in_bytes > 0).then(|| OverLimitCache {
+        (size_in_bytes > 0).then(|| OverLimitCache::exactly(size_in_bytes.max(MIN_BYTES)))
+    }
+
+    fn exactly(size_in_bytes: usize) -> OverLimitCache {
+        OverLimitCache {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             bytes_per_shard: size_in_bytes.div_ceil(SHARDS),
-        })
+        }
     }
 
     fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, Shard> {
@@ -143,9 +152,24 @@ mod tests {
     }
 
     #[test]
+    fn a_small_size_is_the_peers_minimum() {
+        // The peer's integration test's 1,000 bytes hold what 512 KiB hold.
+        let cache = OverLimitCache::new(1_000).unwrap();
+        let now = Instant::now();
+        let later = now + Duration::from_secs(60);
+        let keys: Vec<String> = (0..1_000)
+            .map(|i| format!("another_key2_local_{i}_1796414460"))
+            .collect();
+        for k in &keys {
+            cache.insert(k, until(later), now);
+        }
+        assert!(keys.iter().all(|k| cache.get(k, now).is_some()));
+    }
+
+    #[test]
     fn a_full_cache_drops_ended_entries_then_refuses_new_ones() {
         // One entry per shard at most.
-        let cache = OverLimitCache::new(SHARDS * (ENTRY_BYTES + 8)).unwrap();
+        let cache = OverLimitCache::exactly(SHARDS * (ENTRY_BYTES + 8));
         let now = Instant::now();
         let later = now + Duration::from_secs(60);
         let keys: Vec<String> = (0..200).map(|i| format!("key{i:05}")).collect();
