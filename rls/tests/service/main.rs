@@ -6,6 +6,7 @@ mod config_errors;
 mod deploy;
 mod matching;
 mod peer;
+mod peer_integration;
 mod peer_suite;
 mod redis_backend;
 mod reload;
