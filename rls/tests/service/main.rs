@@ -7,6 +7,7 @@ mod deploy;
 mod matching;
 mod peer;
 mod peer_integration;
+mod peer_redis_cache;
 mod peer_suite;
 mod redis_backend;
 mod reload;
