@@ -31,8 +31,8 @@ pub struct ServiceStats {
     /// `ratelimit_service_global_shadow_mode`: answers the global shadow
     /// mode turned from over the limit to OK.
     pub global_shadow_mode: Counter,
-    /// `ratelimit_service_should_rate_limit_error`: requests refused as
-    /// invalid (no domain, no descriptors).
+    /// `ratelimit_service_should_rate_limit_error{err_type="service_error"}`:
+    /// requests refused as invalid (no domain, no descriptors).
     pub should_rate_limit_error: Counter,
 }
 
@@ -75,7 +75,15 @@ impl ServiceStats {
             config_load_success: service("ratelimit_service_config_load_success"),
             config_load_error: service("ratelimit_service_config_load_error"),
             global_shadow_mode: service("ratelimit_service_global_shadow_mode"),
-            should_rate_limit_error: service("ratelimit_service_should_rate_limit_error"),
+            // The peer's mapping labels its `call.should_rate_limit.*`
+            // counters by error type; an invalid request is its
+            // `service_error` (its `redis_error` has no counterpart: a
+            // Redis failure is answered by the failure policy here).
+            should_rate_limit_error: counter(
+                &recorder,
+                "ratelimit_service_should_rate_limit_error",
+                vec![Label::new("err_type", "service_error")],
+            ),
             recorder,
         }
     }
