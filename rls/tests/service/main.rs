@@ -8,6 +8,7 @@ mod matching;
 mod peer;
 mod peer_integration;
 mod peer_redis_cache;
+mod peer_service;
 mod peer_suite;
 mod redis_backend;
 mod reload;

@@ -116,27 +116,15 @@ fn peer_settings(
         vars.push(("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true".into()));
     }
     let watch_ms = if watch { "50" } else { "0" };
-    let argv = [
-        "turnstile-rls",
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--default-algorithm",
-        "fixed_window",
-        // The peer's REDIS_TIMEOUT is 10 s; this service's 20 ms default
-        // could hand a call on a loaded machine to the failure policy.
+    // The peer's REDIS_TIMEOUT is 10 s; this service's 20 ms default could
+    // hand a call on a loaded machine to the failure policy.
+    let args = [
         "--redis-timeout-ms",
         "5000",
         "--watch-interval-ms",
         watch_ms,
     ];
-    Settings::parse_with_peer_env(argv, |name| {
-        vars.iter()
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| v.clone())
-    })
-    .expect("the peer's environment is read")
+    support::peer_env_settings(&vars, &args)
 }
 
 /// The peer's `newDescriptorStatus`: the reset's whole seconds taken from
