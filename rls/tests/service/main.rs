@@ -10,6 +10,7 @@ mod peer_integration;
 mod peer_redis_cache;
 mod peer_service;
 mod peer_suite;
+mod peer_suite_inline;
 mod redis_backend;
 mod reload;
 mod support;

@@ -60,15 +60,15 @@ fn peer_settings(dir: &ConfigDir) -> Settings {
 }
 
 /// A service on the peer's `files`, and its directory (kept alive).
-struct Peer {
-    h: Harness,
+pub(crate) struct Peer {
+    pub(crate) h: Harness,
     _dir: ConfigDir,
 }
 
 /// What one hit of a descriptor found: the peer's `GetLimit` result seen
 /// over gRPC.
 #[derive(Debug)]
-struct Found {
+pub(crate) struct Found {
     code: Code,
     limit: Option<RateLimit>,
     remaining: u32,
@@ -80,7 +80,7 @@ struct Found {
 }
 
 impl Found {
-    fn limit(&self) -> (u32, Unit) {
+    pub(crate) fn limit(&self) -> (u32, Unit) {
         let limit = self.limit.as_ref().expect("a limit");
         (
             limit.requests_per_unit,
@@ -88,7 +88,7 @@ impl Found {
         )
     }
 
-    fn stats_key(&self) -> &str {
+    pub(crate) fn stats_key(&self) -> &str {
         self.stats_key
             .as_deref()
             .expect("counted under a stats key")
@@ -111,6 +111,16 @@ fn total_hits(text: &str) -> HashMap<String, f64> {
 }
 
 impl Peer {
+    /// A service on one file holding `yaml` (the peer's configurations
+    /// built in code, written as files).
+    pub(crate) async fn serve_yaml(yaml: &str) -> Peer {
+        let dir = ConfigDir::with("inline.yaml", yaml);
+        Peer {
+            h: start(peer_settings(&dir)).await,
+            _dir: dir,
+        }
+    }
+
     async fn serve(files: &[&str]) -> Peer {
         Peer::serve_with(files, |_| {}).await
     }
@@ -149,7 +159,7 @@ impl Peer {
     }
 
     /// One hit of `entries` in `domain`.
-    async fn get(&mut self, domain: &str, entries: &[(&str, &str)]) -> Found {
+    pub(crate) async fn get(&mut self, domain: &str, entries: &[(&str, &str)]) -> Found {
         self.send(domain, descriptor(entries), 1).await
     }
 
@@ -196,7 +206,7 @@ impl Peer {
     }
 
     /// `ratelimit_service_rate_limit_STAT` of `key` (`domain.descriptor`).
-    async fn stat(&self, key: &str, stat: &str) -> f64 {
+    pub(crate) async fn stat(&self, key: &str, stat: &str) -> f64 {
         let (domain, path) = key.split_once('.').expect("domain.descriptor");
         let text = self.h.metrics().await;
         let name = format!(
