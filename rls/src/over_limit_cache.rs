@@ -19,6 +19,7 @@
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
@@ -40,6 +41,23 @@ pub const MIN_BYTES: usize = 512 * 1024;
 pub struct OverLimitCache {
     shards: Vec<Mutex<Shard>>,
     bytes_per_shard: usize,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    expired: AtomicU64,
+}
+
+/// The cache's statistics, as the peer's `freecache` keeps them and the
+/// peer exports them (`ratelimit.localcache.*`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Lookups that found a key over its limit.
+    pub hits: u64,
+    /// Lookups that found none (ended ones included).
+    pub misses: u64,
+    /// Lookups that found a key whose refusal had ended.
+    pub expired: u64,
+    /// Keys held now.
+    pub entries: u64,
 }
 
 #[derive(Debug, Default)]
@@ -68,6 +86,29 @@ impl OverLimitCache {
         OverLimitCache {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             bytes_per_shard: size_in_bytes.div_ceil(SHARDS),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
+        }
+    }
+
+    /// The statistics now.
+    pub fn stats(&self) -> CacheStats {
+        let entries = self
+            .shards
+            .iter()
+            .map(|s| {
+                s.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entries
+                    .len() as u64
+            })
+            .sum();
+        CacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            expired: self.expired.load(Ordering::Relaxed),
+            entries,
         }
     }
 
@@ -83,11 +124,17 @@ impl OverLimitCache {
     /// `key`'s refusal, if it still holds at `now`.
     pub fn get(&self, key: &str, now: Instant) -> Option<OverLimit> {
         let mut shard = self.shard(key);
-        let entry = *shard.entries.get(key)?;
+        let Some(entry) = shard.entries.get(key).copied() else {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
         if entry.until > now {
+            self.hits.fetch_add(1, Ordering::Relaxed);
             return Some(entry);
         }
         shard.remove(key);
+        self.expired.fetch_add(1, Ordering::Relaxed);
+        self.misses.fetch_add(1, Ordering::Relaxed);
         None
     }
 
@@ -149,6 +196,27 @@ mod tests {
         assert!(cache.get("k", end).is_none());
         assert!(cache.get("k", now).is_none(), "gone once ended");
         assert!(OverLimitCache::new(0).is_none(), "0 is off, as the peer's");
+    }
+
+    #[test]
+    fn lookups_are_counted_as_freecache_counts_them() {
+        let cache = OverLimitCache::new(1 << 20).unwrap();
+        let now = Instant::now();
+        let end = now + Duration::from_secs(5);
+        assert!(cache.get("k", now).is_none());
+        cache.insert("k", until(end), now);
+        assert!(cache.get("k", now).is_some());
+        assert!(cache.get("k", end).is_none(), "ended");
+        let stats = cache.stats();
+        assert_eq!(
+            stats,
+            CacheStats {
+                hits: 1,
+                misses: 2,
+                expired: 1,
+                entries: 0
+            }
+        );
     }
 
     #[test]

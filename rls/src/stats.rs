@@ -122,6 +122,24 @@ impl ServiceStats {
         )
     }
 
+    /// The local over-limit cache's statistics under the peer's names
+    /// (`ratelimit.localcache.*` through the statsd exporter's default
+    /// mapping): `ratelimit_localcache_{hitCount,missCount,lookupCount,expiredCount,entryCount}`.
+    pub fn local_cache(&self, s: &crate::over_limit_cache::CacheStats) {
+        for (name, value) in [
+            ("ratelimit_localcache_hitCount", s.hits),
+            ("ratelimit_localcache_missCount", s.misses),
+            ("ratelimit_localcache_lookupCount", s.hits + s.misses),
+            ("ratelimit_localcache_expiredCount", s.expired),
+            ("ratelimit_localcache_entryCount", s.entries),
+        ] {
+            let key = Key::from_parts(name, Vec::<Label>::new());
+            self.recorder
+                .register_gauge(&key, &metadata())
+                .set(value as f64);
+        }
+    }
+
     /// The text of `/metrics`: the counters, the gauges of `limits` (each
     /// named `domain.path`) read now, and the service's Redis figures.
     pub fn render(

@@ -184,6 +184,17 @@ async fn stat(h: &Harness, domain: &str, descriptor: &str, stat: &str) -> u64 {
     sample(&h.metrics().await, &name).unwrap_or(0.0) as u64
 }
 
+/// The peer's `ratelimit.localcache.hitCount` and `missCount` (0 when the
+/// cache is off).
+async fn local_cache(h: &Harness) -> (u64, u64) {
+    let text = h.metrics().await;
+    let of = |name| sample(&text, name).unwrap_or(0.0) as u64;
+    (
+        of("ratelimit_localcache_hitCount"),
+        of("ratelimit_localcache_missCount"),
+    )
+}
+
 /// A window's edge fell inside the sequence: its counts restarted.
 #[derive(Debug)]
 struct WindowEdge;
@@ -219,6 +230,7 @@ async fn basic_base_config(h: &mut Harness, case: Case) -> Result<(), WindowEdge
         ..Default::default()
     };
     assert_eq!(answer, response(Code::Ok, vec![no_limit]));
+    assert_eq!(local_cache(h).await, (0, 0));
 
     let key1 = key("key1", case);
     let answer = h.ask(peer_request("basic", &[&[(&key1, "foo")]], 1)).await;
@@ -231,6 +243,7 @@ async fn basic_base_config(h: &mut Harness, case: Case) -> Result<(), WindowEdge
         )
     );
     assert_eq!(stat(h, "basic", &key1, "total_hits").await, 1);
+    assert_eq!(local_cache(h).await, (0, u64::from(case.local_cache)));
 
     // A random key over a minute's limit.
     let key2 = key("key2", case);
@@ -270,6 +283,16 @@ async fn basic_base_config(h: &mut Harness, case: Case) -> Result<(), WindowEdge
         assert_eq!(
             stat(h, "another", &key2, "over_limit_with_local_cache").await,
             u64::from(cached),
+            "hit {i}"
+        );
+        let (hits, misses) = match (case.local_cache, i >= 20) {
+            (false, _) => (0, 0),
+            (true, false) => (0, i + 2),
+            (true, true) => (i - 20, 22),
+        };
+        assert_eq!(
+            local_cache(h).await,
+            (u64::from(hits), u64::from(misses)),
             "hit {i}"
         );
     }
@@ -342,6 +365,17 @@ async fn basic_base_config(h: &mut Harness, case: Case) -> Result<(), WindowEdge
         assert_eq!(
             stat(h, "another", &key3, "over_limit_with_local_cache").await,
             u64::from(cached3),
+            "request {i}"
+        );
+        // key3 cached from its 12th request on; key2 never.
+        let (hits, misses) = match (case.local_cache, i >= 10) {
+            (false, _) => (0, 0),
+            (true, false) => (4, i * 2 + 24),
+            (true, true) => (i - 6, i + 34),
+        };
+        assert_eq!(
+            local_cache(h).await,
+            (u64::from(hits), u64::from(misses)),
             "request {i}"
         );
     }

@@ -118,6 +118,20 @@ impl Peer {
         })
     }
 
+    /// The peer's `testLocalCacheStats`: the local cache's (hit, miss,
+    /// lookup, expired, entry) counts.
+    async fn local_cache(&self) -> [u64; 5] {
+        let text = self.h.metrics().await;
+        [
+            "hitCount",
+            "missCount",
+            "lookupCount",
+            "expiredCount",
+            "entryCount",
+        ]
+        .map(|stat| sample(&text, &format!("ratelimit_localcache_{stat}")).unwrap_or(0.0) as u64)
+    }
+
     /// A statistic of `descriptor` beyond the four.
     async fn stat(&self, descriptor: &str, stat: &str) -> u64 {
         let name = format!(
@@ -329,12 +343,42 @@ async fn over_limit_with_local_cache(shadow: bool) {
     let hour = Some((15, Unit::Hour));
     // Shadow mode answers OK where the limit is over.
     let over = if shadow { OK } else { OVER };
-    for (count, expected, stats, cached, shadowed) in [
-        (Some(11), status(OK, hour, 4), [1, 0, 0, 1], 0, 0),
-        (Some(13), status(OK, hour, 2), [2, 0, 1, 2], 0, 0),
-        (Some(16), status(over, hour, 0), [3, 1, 1, 2], 0, 1),
+    // Each step is followed by one of the peer's `TestLocalCacheStats*`
+    // cases: the cache's (hit, miss, lookup, expired, entry) counts.
+    for (count, expected, stats, cached, shadowed, local) in [
+        (
+            Some(11),
+            status(OK, hour, 4),
+            [1, 0, 0, 1],
+            0,
+            0,
+            [0, 1, 1, 0, 0],
+        ),
+        (
+            Some(13),
+            status(OK, hour, 2),
+            [2, 0, 1, 2],
+            0,
+            0,
+            [0, 2, 2, 0, 0],
+        ),
+        (
+            Some(16),
+            status(over, hour, 0),
+            [3, 1, 1, 2],
+            0,
+            1,
+            [0, 3, 3, 0, 1],
+        ),
         // No INCRBY: the local cache answers.
-        (None, status(over, hour, 0), [4, 2, 1, 2], 1, 2),
+        (
+            None,
+            status(over, hour, 0),
+            [4, 2, 1, 2],
+            1,
+            2,
+            [1, 3, 4, 0, 1],
+        ),
     ] {
         if let Some(count) = count {
             p.incrby_answers("key4_value4_", 3_600, 1, count);
@@ -354,6 +398,7 @@ async fn over_limit_with_local_cache(shadow: bool) {
                 "{count:?}"
             );
         }
+        assert_eq!(p.local_cache().await, local, "{count:?}");
     }
     // The cache answered: Redis still holds the count of the third request.
     let key = redis_cli(p.redis.port(), &["KEYS", "domain_key4_value4_*"]).expect("KEYS");
@@ -386,18 +431,20 @@ async fn test_over_limit_with_stop_cache_key_increment_when_overlimit_config() {
     p.incrby_answers("key4_value4_", 3_600, 0, 10);
     p.incrby_answers("key5_value5_", 3_600, 0, 10);
     let (h15, h14) = (Some((15, Unit::Hour)), Some((14, Unit::Hour)));
-    for (hits, expected, stats4, stats5) in [
+    for (hits, expected, stats4, stats5, local) in [
         (
             1,
             [status(OK, h15, 4), status(OK, h14, 3)],
             [1, 0, 0, 1],
             [1, 0, 0, 1],
+            [0, 2, 2, 0, 0],
         ),
         (
             2,
             [status(OK, h15, 2), status(OK, h14, 1)],
             [3, 0, 1, 3],
             [3, 0, 2, 3],
+            [0, 4, 4, 0, 0],
         ),
         // key5 would go over: only it is charged.
         (
@@ -405,12 +452,18 @@ async fn test_over_limit_with_stop_cache_key_increment_when_overlimit_config() {
             [status(OK, h15, 2), status(OVER, h14, 0)],
             [5, 0, 2, 5],
             [5, 1, 3, 3],
+            [0, 6, 6, 0, 1],
         ),
     ] {
         let got = p.statuses(per_descriptor_hits(&both, &[hits, hits])).await;
         assert_eq!(got, expected, "{stats4:?}");
         assert_eq!(p.stats("key4_value4").await, stats4);
         assert_eq!(p.stats("key5_value5").await, stats5);
+        assert_eq!(
+            p.local_cache().await,
+            local,
+            "the peer's TestLocalCacheStats*"
+        );
     }
     let count = |key: &str| {
         let keys = redis_cli(p.redis.port(), &["KEYS", key]).expect("KEYS");
