@@ -82,10 +82,25 @@ fn peer_defaults(
     // peer's default socket type); the peer's backend is Redis by default.
     if let Some(url) = var("REDIS_URL") {
         let socket = var("REDIS_SOCKET_TYPE").unwrap_or_else(|| "unix".into());
+        // REDIS_AUTH: `password` or `user:password`, as the peer splits it
+        // (a full URL carries its own credentials).
+        let auth = var("REDIS_AUTH").map(|auth| match auth.split_once(':') {
+            Some((user, pass)) => (Some(percent_encode(user)), percent_encode(pass)),
+            None => (None, percent_encode(&auth)),
+        });
         let url = match socket.to_ascii_lowercase().as_str() {
             _ if url.contains("://") => url,
-            "tcp" => format!("redis://{url}"),
-            "unix" => format!("redis+unix://{url}"),
+            "tcp" => match auth {
+                Some((user, pass)) => {
+                    format!("redis://{}:{pass}@{url}", user.unwrap_or_default())
+                }
+                None => format!("redis://{url}"),
+            },
+            "unix" => match auth {
+                Some((Some(user), pass)) => format!("redis+unix://{url}?user={user}&pass={pass}"),
+                Some((None, pass)) => format!("redis+unix://{url}?pass={pass}"),
+                None => format!("redis+unix://{url}"),
+            },
             _ => {
                 return Err(PeerEnvError::Invalid {
                     name: "REDIS_SOCKET_TYPE",
@@ -163,6 +178,20 @@ fn peer_defaults(
         go_bool("RUNTIME_IGNOREDOTFILES", value)?;
     }
     Ok(out)
+}
+
+/// `text` with every byte but URL-safe ones as `%XX`, for a URL's user
+/// and password (the Redis client decodes them).
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
 }
 
 /// Go's `strconv.ParseBool`, as the peer reads its booleans.

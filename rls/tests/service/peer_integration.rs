@@ -67,10 +67,15 @@ struct Case {
     prefix: bool,
     /// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true`.
     stop: bool,
+    /// `REDIS_AUTH=password123`, Redis requiring it.
+    auth: bool,
     /// Also wait for a day's reset to tick down (the peer's last check,
     /// which sleeps: done in two cases, not all, to keep the suite fast).
     tick: bool,
 }
+
+/// The peer's `testBasicConfigAuth` password.
+const PASSWORD: &str = "password123";
 
 /// In this process, nothing else set.
 const IN_PROCESS: Case = Case {
@@ -78,6 +83,7 @@ const IN_PROCESS: Case = Case {
     local_cache: false,
     prefix: false,
     stop: false,
+    auth: false,
     tick: false,
 };
 
@@ -114,6 +120,9 @@ fn peer_settings(
     }
     if case.stop {
         vars.push(("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true".into()));
+    }
+    if case.auth {
+        vars.push(("REDIS_AUTH", PASSWORD.into()));
     }
     let watch_ms = if watch { "50" } else { "0" };
     // The peer's REDIS_TIMEOUT is 10 s; this service's 20 ms default could
@@ -409,9 +418,22 @@ async fn test_basic_config(case: Case) {
     let redis = case
         .redis
         .then(|| RedisServer::start().expect("redis-server (scripts/test.sh installs it)"));
+    if let (Some(redis), true) = (&redis, case.auth) {
+        let set = redis_cli(redis.port(), &["CONFIG", "SET", "requirepass", PASSWORD])
+            .expect("requirepass");
+        assert_eq!(set.trim(), "OK", "Redis now requires the password");
+    }
+    // redis-cli's own arguments to reach it.
+    let login: &[&str] = if case.auth {
+        &["-a", PASSWORD, "--no-auth-warning"]
+    } else {
+        &[]
+    };
     for _ in 0..3 {
         if let Some(redis) = &redis {
-            redis_cli(redis.port(), &["FLUSHALL"]).expect("empty the test's Redis");
+            let flush = [login, &["FLUSHALL"]].concat();
+            let answer = redis_cli(redis.port(), &flush).expect("empty the test's Redis");
+            assert_eq!(answer.trim(), "OK", "FLUSHALL");
         }
         let mut h = start(peer_settings(&root, redis.as_ref(), case, false)).await;
         if basic_base_config(&mut h, case).await.is_err() {
@@ -419,7 +441,7 @@ async fn test_basic_config(case: Case) {
         }
         if let (Some(redis), true) = (&redis, case.prefix) {
             // Not asserted by the peer: its prefix is on every key it wrote.
-            let keys = redis_cli(redis.port(), &["KEYS", "*"]).expect("KEYS");
+            let keys = redis_cli(redis.port(), &[login, &["KEYS", "*"]].concat()).expect("KEYS");
             assert!(keys.lines().count() >= 4, "{keys}");
             assert!(
                 keys.lines()
@@ -450,6 +472,27 @@ mod test_basic_config {
     #[tokio::test]
     async fn without_per_second_redis_with_local_cache() {
         test_basic_config(Case {
+            local_cache: true,
+            ..REDIS
+        })
+        .await;
+    }
+
+    /// `TestBasicAuthConfig`'s one-Redis cases: Redis requires a password,
+    /// given as REDIS_AUTH.
+    #[tokio::test]
+    async fn without_per_second_redis_auth() {
+        test_basic_config(Case {
+            auth: true,
+            ..REDIS
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn without_per_second_redis_auth_with_local_cache() {
+        test_basic_config(Case {
+            auth: true,
             local_cache: true,
             ..REDIS
         })
