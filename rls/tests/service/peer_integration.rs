@@ -69,6 +69,8 @@ struct Case {
     stop: bool,
     /// `REDIS_AUTH=password123`, Redis requiring it.
     auth: bool,
+    /// `RUNTIME_WATCH_ROOT=false`.
+    no_watch_root: bool,
     /// Also wait for a day's reset to tick down (the peer's last check,
     /// which sleeps: done in two cases, not all, to keep the suite fast).
     tick: bool,
@@ -84,6 +86,7 @@ const IN_PROCESS: Case = Case {
     prefix: false,
     stop: false,
     auth: false,
+    no_watch_root: false,
     tick: false,
 };
 
@@ -123,6 +126,9 @@ fn peer_settings(
     }
     if case.auth {
         vars.push(("REDIS_AUTH", PASSWORD.into()));
+    }
+    if case.no_watch_root {
+        vars.push(("RUNTIME_WATCH_ROOT", "false".into()));
     }
     let watch_ms = if watch { "50" } else { "0" };
     // The peer's REDIS_TIMEOUT is 10 s; this service's 20 ms default could
@@ -619,8 +625,21 @@ mod test_basic_reload_config {
     use super::*;
 
     #[tokio::test]
+    async fn basic_without_watch_root() {
+        test_basic_config(Case {
+            no_watch_root: true,
+            ..REDIS
+        })
+        .await;
+    }
+
+    #[tokio::test]
     async fn reload_without_watch_root() {
-        test_config_reload(REDIS).await;
+        test_config_reload(Case {
+            no_watch_root: true,
+            ..REDIS
+        })
+        .await;
     }
 
     /// Not the peer's: the same on the in-process backend.
