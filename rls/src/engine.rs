@@ -47,6 +47,9 @@ pub struct Engine {
     /// With `--backend redis`, the one connection and breaker of every
     /// GCRA limit.
     redis: Option<RedisGcra>,
+    /// The local over-limit cache the Redis limits share, if on (for its
+    /// statistics).
+    local_cache: Option<Arc<OverLimitCache>>,
 }
 
 /// Why a request was refused outright (gRPC `INVALID_ARGUMENT`).
@@ -230,7 +233,7 @@ impl Engine {
                     jitter_max_secs: settings.expiration_jitter_max_seconds,
                     policy: settings_redis.failure_policy,
                     max_keys: settings_redis.max_keys,
-                    cache,
+                    cache: cache.clone(),
                 },
                 redis
                     .as_ref()
@@ -249,6 +252,7 @@ impl Engine {
             overrides: RwLock::default(),
             windows,
             redis,
+            local_cache: cache,
         })
     }
 
@@ -309,6 +313,9 @@ impl Engine {
             .into_iter()
             .filter_map(|r| Some((format!("{}.{}", r.domain, r.path), r.bucket.clone()?)))
             .collect();
+        if let Some(cache) = &self.local_cache {
+            self.stats.local_cache(&cache.stats());
+        }
         self.stats.render(&limits, self.redis_metrics())
     }
 
@@ -329,6 +336,11 @@ impl Engine {
         // The domain first, as envoyproxy/ratelimit: an unknown domain has
         // no limits, not even the ones Envoy sends in descriptors.
         let known_domain = rules.has_domain(&request.domain);
+        if !known_domain {
+            self.stats
+                .domain_not_found(&request.domain)
+                .increment(request.descriptors.len() as u64);
+        }
         let mut matches: Vec<Option<Match>> = Vec::with_capacity(request.descriptors.len());
         for descriptor in &request.descriptors {
             matches.push(match &descriptor.limit {

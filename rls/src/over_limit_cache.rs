@@ -19,6 +19,7 @@
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
@@ -30,11 +31,33 @@ const SHARDS: usize = 16;
 /// decision and the string's header, rounded up.
 pub const ENTRY_BYTES: usize = 96;
 
+/// The smallest cache, whatever the size asked: `freecache`'s (the peer's
+/// cache) 512 KiB. The peer's own integration test asks for 1,000 bytes
+/// and gets this; 1,000 bytes would hold a few keys at most here.
+pub const MIN_BYTES: usize = 512 * 1024;
+
 /// The keys known over their limit, until when.
 #[derive(Debug)]
 pub struct OverLimitCache {
     shards: Vec<Mutex<Shard>>,
     bytes_per_shard: usize,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    expired: AtomicU64,
+}
+
+/// The cache's statistics, as the peer's `freecache` keeps them and the
+/// peer exports them (`ratelimit.localcache.*`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Lookups that found a key over its limit.
+    pub hits: u64,
+    /// Lookups that found none (ended ones included).
+    pub misses: u64,
+    /// Lookups that found a key whose refusal had ended.
+    pub expired: u64,
+    /// Keys held now.
+    pub entries: u64,
 }
 
 #[derive(Debug, Default)]
@@ -53,13 +76,40 @@ pub struct OverLimit {
 }
 
 impl OverLimitCache {
-    /// A cache of about `size_in_bytes`; `None` for 0 (the peer's default:
-    /// off).
+    /// A cache of about `size_in_bytes`, at least [`MIN_BYTES`] as the
+    /// peer's; `None` for 0 (the peer's default: off).
     pub fn new(size_in_bytes: usize) -> Option<OverLimitCache> {
-        (size_in_bytes > 0).then(|| OverLimitCache {
+        (size_in_bytes > 0).then(|| OverLimitCache::exactly(size_in_bytes.max(MIN_BYTES)))
+    }
+
+    fn exactly(size_in_bytes: usize) -> OverLimitCache {
+        OverLimitCache {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             bytes_per_shard: size_in_bytes.div_ceil(SHARDS),
-        })
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            expired: AtomicU64::new(0),
+        }
+    }
+
+    /// The statistics now.
+    pub fn stats(&self) -> CacheStats {
+        let entries = self
+            .shards
+            .iter()
+            .map(|s| {
+                s.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entries
+                    .len() as u64
+            })
+            .sum();
+        CacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            expired: self.expired.load(Ordering::Relaxed),
+            entries,
+        }
     }
 
     fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, Shard> {
@@ -74,11 +124,17 @@ impl OverLimitCache {
     /// `key`'s refusal, if it still holds at `now`.
     pub fn get(&self, key: &str, now: Instant) -> Option<OverLimit> {
         let mut shard = self.shard(key);
-        let entry = *shard.entries.get(key)?;
+        let Some(entry) = shard.entries.get(key).copied() else {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
         if entry.until > now {
+            self.hits.fetch_add(1, Ordering::Relaxed);
             return Some(entry);
         }
         shard.remove(key);
+        self.expired.fetch_add(1, Ordering::Relaxed);
+        self.misses.fetch_add(1, Ordering::Relaxed);
         None
     }
 
@@ -143,9 +199,45 @@ mod tests {
     }
 
     #[test]
+    fn lookups_are_counted_as_freecache_counts_them() {
+        let cache = OverLimitCache::new(1 << 20).unwrap();
+        let now = Instant::now();
+        let end = now + Duration::from_secs(5);
+        assert!(cache.get("k", now).is_none());
+        cache.insert("k", until(end), now);
+        assert!(cache.get("k", now).is_some());
+        assert!(cache.get("k", end).is_none(), "ended");
+        let stats = cache.stats();
+        assert_eq!(
+            stats,
+            CacheStats {
+                hits: 1,
+                misses: 2,
+                expired: 1,
+                entries: 0
+            }
+        );
+    }
+
+    #[test]
+    fn a_small_size_is_the_peers_minimum() {
+        // The peer's integration test's 1,000 bytes hold what 512 KiB hold.
+        let cache = OverLimitCache::new(1_000).unwrap();
+        let now = Instant::now();
+        let later = now + Duration::from_secs(60);
+        let keys: Vec<String> = (0..1_000)
+            .map(|i| format!("another_key2_local_{i}_1796414460"))
+            .collect();
+        for k in &keys {
+            cache.insert(k, until(later), now);
+        }
+        assert!(keys.iter().all(|k| cache.get(k, now).is_some()));
+    }
+
+    #[test]
     fn a_full_cache_drops_ended_entries_then_refuses_new_ones() {
         // One entry per shard at most.
-        let cache = OverLimitCache::new(SHARDS * (ENTRY_BYTES + 8)).unwrap();
+        let cache = OverLimitCache::exactly(SHARDS * (ENTRY_BYTES + 8));
         let now = Instant::now();
         let later = now + Duration::from_secs(60);
         let keys: Vec<String> = (0..200).map(|i| format!("key{i:05}")).collect();

@@ -82,10 +82,25 @@ fn peer_defaults(
     // peer's default socket type); the peer's backend is Redis by default.
     if let Some(url) = var("REDIS_URL") {
         let socket = var("REDIS_SOCKET_TYPE").unwrap_or_else(|| "unix".into());
+        // REDIS_AUTH: `password` or `user:password`, as the peer splits it
+        // (a full URL carries its own credentials).
+        let auth = var("REDIS_AUTH").map(|auth| match auth.split_once(':') {
+            Some((user, pass)) => (Some(percent_encode(user)), percent_encode(pass)),
+            None => (None, percent_encode(&auth)),
+        });
         let url = match socket.to_ascii_lowercase().as_str() {
             _ if url.contains("://") => url,
-            "tcp" => format!("redis://{url}"),
-            "unix" => format!("redis+unix://{url}"),
+            "tcp" => match auth {
+                Some((user, pass)) => {
+                    format!("redis://{}:{pass}@{url}", user.unwrap_or_default())
+                }
+                None => format!("redis://{url}"),
+            },
+            "unix" => match auth {
+                Some((Some(user), pass)) => format!("redis+unix://{url}?user={user}&pass={pass}"),
+                Some((None, pass)) => format!("redis+unix://{url}?pass={pass}"),
+                None => format!("redis+unix://{url}"),
+            },
             _ => {
                 return Err(PeerEnvError::Invalid {
                     name: "REDIS_SOCKET_TYPE",
@@ -122,6 +137,38 @@ fn peer_defaults(
     if let Some(ratio) = var("NEAR_LIMIT_RATIO") {
         out.push(("near_limit_ratio", ratio));
     }
+    // The peer's settings of the same meaning here: read through `env` as
+    // every variable above (not by the command line parser from the
+    // process' environment), so `env` is the only source of the peer's
+    // variables, and booleans read as the peer reads them.
+    for (arg, name) in [
+        (
+            "stop_cache_key_increment_when_overlimit",
+            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        ),
+        ("merge_domain_config", "MERGE_DOMAIN_CONFIG"),
+        ("quota_mode", "QUOTA_MODE"),
+        ("limit_response_headers", "LIMIT_RESPONSE_HEADERS_ENABLED"),
+    ] {
+        if let Some(value) = var(name) {
+            out.push((arg, go_bool(name, value)?));
+        }
+    }
+    for (arg, name) in [
+        ("limit_limit_header", "LIMIT_LIMIT_HEADER"),
+        ("limit_remaining_header", "LIMIT_REMAINING_HEADER"),
+        ("limit_reset_header", "LIMIT_RESET_HEADER"),
+        ("local_cache_size_in_bytes", "LOCAL_CACHE_SIZE_IN_BYTES"),
+        ("cache_key_prefix", "CACHE_KEY_PREFIX"),
+        (
+            "expiration_jitter_max_seconds",
+            "EXPIRATION_JITTER_MAX_SECONDS",
+        ),
+    ] {
+        if let Some(value) = var(name) {
+            out.push((arg, value));
+        }
+    }
     if let Some(value) = var("RUNTIME_WATCH_ROOT") {
         // Either way the directory itself is polled, targets of symlinks
         // included; read so that a bad value is refused as the peer does.
@@ -131,6 +178,20 @@ fn peer_defaults(
         go_bool("RUNTIME_IGNOREDOTFILES", value)?;
     }
     Ok(out)
+}
+
+/// `text` with every byte but URL-safe ones as `%XX`, for a URL's user
+/// and password (the Redis client decodes them).
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
 }
 
 /// Go's `strconv.ParseBool`, as the peer reads its booleans.

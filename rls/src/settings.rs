@@ -83,31 +83,34 @@ pub struct Settings {
     /// Fixed windows: when a descriptor of a request goes over, the others
     /// of that request are not charged (envoyproxy/ratelimit's setting; by
     /// default every hit counts, refused or not).
-    #[arg(long, env = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")]
+    /// Environment: `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (read by `peer_env`).
+    #[arg(long)]
     pub stop_cache_key_increment_when_overlimit: bool,
     /// Files naming one domain merge their descriptors instead of being an error.
-    #[arg(long, env = "MERGE_DOMAIN_CONFIG")]
+    /// Environment: `MERGE_DOMAIN_CONFIG` (read by `peer_env`).
+    #[arg(long)]
     pub merge_domain_config: bool,
     /// Every descriptor is in quota mode: the request is refused only when
     /// all quota descriptors are over their limits.
-    #[arg(long, env = "QUOTA_MODE")]
+    /// Environment: `QUOTA_MODE` (read by `peer_env`).
+    #[arg(long)]
     pub quota_mode: bool,
     /// Add envoyproxy/ratelimit's three headers (limit, remaining, reset
     /// of the descriptor closest to its limit) to every answer.
-    #[arg(long, env = "LIMIT_RESPONSE_HEADERS_ENABLED")]
+    /// Environment: `LIMIT_RESPONSE_HEADERS_ENABLED` (read by `peer_env`).
+    #[arg(long)]
     pub limit_response_headers: bool,
     /// The limit header's name.
-    #[arg(long, env = "LIMIT_LIMIT_HEADER", default_value = "RateLimit-Limit")]
+    /// Environment: `LIMIT_LIMIT_HEADER` (read by `peer_env`).
+    #[arg(long, default_value = "RateLimit-Limit")]
     pub limit_limit_header: String,
     /// The remaining header's name.
-    #[arg(
-        long,
-        env = "LIMIT_REMAINING_HEADER",
-        default_value = "RateLimit-Remaining"
-    )]
+    /// Environment: `LIMIT_REMAINING_HEADER` (read by `peer_env`).
+    #[arg(long, default_value = "RateLimit-Remaining")]
     pub limit_remaining_header: String,
     /// The reset header's name.
-    #[arg(long, env = "LIMIT_RESET_HEADER", default_value = "RateLimit-Reset")]
+    /// Environment: `LIMIT_RESET_HEADER` (read by `peer_env`).
+    #[arg(long, default_value = "RateLimit-Reset")]
     pub limit_reset_header: String,
     /// How often the configuration directory is checked for changes, in
     /// milliseconds (a change reloads it, as SIGHUP does); 0: never.
@@ -117,15 +120,18 @@ pub struct Settings {
     /// their limit here, with no Redis call, until their window or refusal
     /// ends, in a cache of about this many bytes (envoyproxy/ratelimit's
     /// setting); 0 (the default): off.
-    #[arg(long, env = "LOCAL_CACHE_SIZE_IN_BYTES", default_value_t = 0)]
+    /// Environment: `LOCAL_CACHE_SIZE_IN_BYTES` (read by `peer_env`).
+    #[arg(long, default_value_t = 0)]
     pub local_cache_size_in_bytes: usize,
     /// Fixed windows in Redis: the prefix of every key (the peer's
     /// `CACHE_KEY_PREFIX`; keys are then the peer's own).
-    #[arg(long, env = "CACHE_KEY_PREFIX", default_value = "")]
+    /// Environment: `CACHE_KEY_PREFIX` (read by `peer_env`).
+    #[arg(long, default_value = "")]
     pub cache_key_prefix: String,
     /// Fixed windows in Redis: each key expires a window's length plus a
     /// random part of up to this many seconds.
-    #[arg(long, env = "EXPIRATION_JITTER_MAX_SECONDS", default_value_t = 300)]
+    /// Environment: `EXPIRATION_JITTER_MAX_SECONDS` (read by `peer_env`).
+    #[arg(long, default_value_t = 300)]
     pub expiration_jitter_max_seconds: u64,
     /// The least severe log events written: trace, debug, info, warn,
     /// error (envoyproxy/ratelimit's `LOG_LEVEL` names).

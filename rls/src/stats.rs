@@ -31,8 +31,8 @@ pub struct ServiceStats {
     /// `ratelimit_service_global_shadow_mode`: answers the global shadow
     /// mode turned from over the limit to OK.
     pub global_shadow_mode: Counter,
-    /// `ratelimit_service_should_rate_limit_error`: requests refused as
-    /// invalid (no domain, no descriptors).
+    /// `ratelimit_service_should_rate_limit_error{err_type="service_error"}`:
+    /// requests refused as invalid (no domain, no descriptors).
     pub should_rate_limit_error: Counter,
 }
 
@@ -75,7 +75,15 @@ impl ServiceStats {
             config_load_success: service("ratelimit_service_config_load_success"),
             config_load_error: service("ratelimit_service_config_load_error"),
             global_shadow_mode: service("ratelimit_service_global_shadow_mode"),
-            should_rate_limit_error: service("ratelimit_service_should_rate_limit_error"),
+            // The peer's mapping labels its `call.should_rate_limit.*`
+            // counters by error type; an invalid request is its
+            // `service_error` (its `redis_error` has no counterpart: a
+            // Redis failure is answered by the failure policy here).
+            should_rate_limit_error: counter(
+                &recorder,
+                "ratelimit_service_should_rate_limit_error",
+                vec![Label::new("err_type", "service_error")],
+            ),
             recorder,
         }
     }
@@ -99,6 +107,36 @@ impl ServiceStats {
             over_limit_with_local_cache: c(
                 "ratelimit_service_rate_limit_over_limit_with_local_cache",
             ),
+        }
+    }
+
+    /// `ratelimit_service_rate_limit_domain_not_found{domain}`: descriptors
+    /// of requests naming a domain no file configures, as the peer's
+    /// `rate_limit.DOMAIN.domain_not_found` counts them (one per descriptor:
+    /// it looks each up).
+    pub fn domain_not_found(&self, domain: &str) -> Counter {
+        counter(
+            &self.recorder,
+            "ratelimit_service_rate_limit_domain_not_found",
+            vec![Label::new("domain", domain.to_owned())],
+        )
+    }
+
+    /// The local over-limit cache's statistics under the peer's names
+    /// (`ratelimit.localcache.*` through the statsd exporter's default
+    /// mapping): `ratelimit_localcache_{hitCount,missCount,lookupCount,expiredCount,entryCount}`.
+    pub fn local_cache(&self, s: &crate::over_limit_cache::CacheStats) {
+        for (name, value) in [
+            ("ratelimit_localcache_hitCount", s.hits),
+            ("ratelimit_localcache_missCount", s.misses),
+            ("ratelimit_localcache_lookupCount", s.hits + s.misses),
+            ("ratelimit_localcache_expiredCount", s.expired),
+            ("ratelimit_localcache_entryCount", s.entries),
+        ] {
+            let key = Key::from_parts(name, Vec::<Label>::new());
+            self.recorder
+                .register_gauge(&key, &metadata())
+                .set(value as f64);
         }
     }
 

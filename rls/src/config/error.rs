@@ -17,7 +17,7 @@ pub enum ConfigError {
         source: io::Error,
     },
     /// A file is not valid YAML or not a valid rate limit configuration.
-    #[error("{}:{}: {field}: {message}", path.display(), position(*line, *column))]
+    #[error("{}{}: {field}: {message}", path.display(), position(*line, *column))]
     Invalid {
         /// The file.
         path: PathBuf,
@@ -54,11 +54,13 @@ pub enum ConfigError {
     },
 }
 
+/// `:line L column C` after the file's name, or nothing when the parser
+/// knows no line (a file with no `domain` at all).
 fn position(line: Option<usize>, column: Option<usize>) -> String {
     match (line, column) {
-        (Some(line), Some(column)) => format!("line {line} column {column}"),
-        (Some(line), None) => format!("line {line}"),
-        _ => "unknown line".into(),
+        (Some(line), Some(column)) => format!(":line {line} column {column}"),
+        (Some(line), None) => format!(":line {line}"),
+        _ => String::new(),
     }
 }
 

@@ -89,7 +89,10 @@ impl DescriptorConfig {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a descriptor mapping: `key`, an optional `value`, and a `rate_limit` or nested `descriptors`"
+)]
 struct RawDescriptor {
     #[serde(default)]
     key: String,

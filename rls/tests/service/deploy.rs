@@ -79,6 +79,45 @@ fn the_peers_variables_configure_the_service_with_its_defaults() {
     assert!(bad.contains("REDIS_SOCKET_TYPE"), "{bad}");
 }
 
+/// REDIS_AUTH, `password` or `user:password`, goes into the Redis URL as
+/// the peer's client uses it, encoded.
+#[test]
+fn redis_auth_is_put_in_the_redis_url() {
+    let url = |socket: &str, auth: &str| {
+        let mut vars = vec![
+            ("REDIS_URL", "/run/redis.sock"),
+            ("REDIS_SOCKET_TYPE", socket),
+        ];
+        if socket == "tcp" {
+            vars[0].1 = "redis.internal:6379";
+        }
+        if !auth.is_empty() {
+            vars.push(("REDIS_AUTH", auth));
+        }
+        with_env(&[], &vars).expect("a peer's manifest").redis_url
+    };
+    assert_eq!(
+        url("tcp", "password123"),
+        "redis://:password123@redis.internal:6379"
+    );
+    assert_eq!(
+        url("tcp", "app:p@ss/w"),
+        "redis://app:p%40ss%2Fw@redis.internal:6379"
+    );
+    assert_eq!(url("tcp", ""), "redis://redis.internal:6379");
+    assert_eq!(url("unix", "pw"), "redis+unix:///run/redis.sock?pass=pw");
+    assert_eq!(
+        url("unix", "app:pw"),
+        "redis+unix:///run/redis.sock?user=app&pass=pw"
+    );
+    let full = with_env(
+        &[],
+        &[("REDIS_URL", "redis://:own@h:1"), ("REDIS_AUTH", "other")],
+    )
+    .expect("a URL");
+    assert_eq!(full.redis_url, "redis://:own@h:1", "a URL keeps its own");
+}
+
 const V1: &str =
     "domain: w\ndescriptors:\n  - key: k\n    rate_limit: { unit: day, requests_per_unit: 1 }\n";
 const V2: &str =

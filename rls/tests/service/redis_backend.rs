@@ -483,15 +483,15 @@ async fn the_over_limit_cache_answers_a_refused_gcra_key_without_redis() {
 /// peer's: read under the peer's name, 0 by default.
 #[test]
 fn the_over_limit_cache_is_the_peers_variable_and_off_by_default() {
-    use clap::CommandFactory;
-    let command = turnstile_rls::Settings::command();
-    let arg = command
-        .get_arguments()
-        .find(|a| a.get_id() == "local_cache_size_in_bytes")
-        .expect("the setting");
-    assert_eq!(
-        arg.get_env().and_then(|e| e.to_str()),
-        Some("LOCAL_CACHE_SIZE_IN_BYTES")
-    );
-    assert_eq!(arg.get_default_values(), ["0"]);
+    let read = |vars: &[(&str, &str)]| {
+        turnstile_rls::Settings::parse_with_peer_env(["turnstile-rls"], |name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        })
+        .expect("settings")
+        .local_cache_size_in_bytes
+    };
+    assert_eq!(read(&[]), 0);
+    assert_eq!(read(&[("LOCAL_CACHE_SIZE_IN_BYTES", "1000")]), 1000);
 }

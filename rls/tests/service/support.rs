@@ -204,3 +204,26 @@ pub fn stat(text: &str, domain: &str, descriptor: &str, stat: &str) -> f64 {
     );
     sample(text, &name).unwrap_or_else(|| panic!("{name} in\n{text}"))
 }
+
+/// The settings a deployment written for envoyproxy/ratelimit gives the
+/// service: the peer's variables `vars` (read as `main` reads the process'
+/// environment), fixed windows (the one setting the README's migration
+/// section adds), free loopback ports, then `args`.
+pub fn peer_env_settings(vars: &[(&str, String)], args: &[&str]) -> Settings {
+    let mut argv = vec![
+        "turnstile-rls",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--default-algorithm",
+        "fixed_window",
+    ];
+    argv.extend_from_slice(args);
+    Settings::parse_with_peer_env(argv, |name| {
+        vars.iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.clone())
+    })
+    .expect("the peer's variables are read")
+}
