@@ -65,7 +65,7 @@ pub(super) fn empty_slots<K>(capacity: usize) -> Box<[Slot<K>]> {
         if slots.is_null() {
             std::alloc::handle_alloc_error(layout);
         }
-        super::huge_pages::advise(slots, layout.size());
+        let _ = super::huge_pages::advise(slots, layout.size());
         let slots = slots.cast::<Slot<K>>();
         Box::from_raw(std::ptr::slice_from_raw_parts_mut(slots, capacity))
     }
