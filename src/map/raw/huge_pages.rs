@@ -22,8 +22,10 @@
 //! no free huge page at hand compacts memory there and then, on the thread
 //! that touches it (an insert's migration step), and the collapse does the
 //! same; under `defer` or `never`, no table is collapsed (the kernel's
-//! background thread may still do it). Everything here is best effort: a
-//! kernel that refuses leaves the table in small pages, working the same.
+//! background thread may still do it). After a `fork`, the first write to
+//! a huge page that parent and child share copies 2 MiB, not 4 KiB.
+//! Everything here is best effort: a kernel that refuses leaves the table
+//! in small pages, working the same.
 
 /// A huge page's size on x86-64 and on AArch64 with 4 KiB base pages.
 const HUGE_PAGE: usize = 2 << 20;
