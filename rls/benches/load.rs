@@ -1,6 +1,8 @@
 //! The load test of `ShouldRateLimit` over loopback, client and service in
 //! one process on the same machine, every row in one run: an empty tonic
 //! service answering OK with no work (the floor the engine cannot beat),
+//! the same service answering, with no work, the answer the service gives
+//! (taken from it once: the floor with the answer's protocol cost in it),
 //! the in-process backend, and Redis (a server started here, when
 //! `redis-server` is on PATH): GCRA with one Redis call per decision, with
 //! leases of 10 and of 100 (`--redis-lease`), and the peer's fixed windows;
@@ -16,6 +18,9 @@
 //! RLS_LOAD_ROWS=in-process cargo bench -p turnstile-rls --bench load   # one row (the empty service still runs: it is the floor)
 //! ```
 
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
@@ -41,8 +46,9 @@ fn env(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// `ShouldRateLimit` answering OK with no work.
-struct Empty;
+/// `ShouldRateLimit` answering with no work: the default (empty) answer,
+/// or a canned one.
+struct Empty(RateLimitResponse);
 
 #[tonic::async_trait]
 impl RateLimitService for Empty {
@@ -50,24 +56,52 @@ impl RateLimitService for Empty {
         &self,
         _: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
-        Ok(tonic::Response::new(RateLimitResponse::default()))
+        Ok(tonic::Response::new(self.0.clone()))
     }
 }
 
-/// Serves [`Empty`] on a loopback port, as the service serves (no delay).
-async fn empty_service() -> std::net::SocketAddr {
+/// Serves [`Empty`] answering `answer` on a loopback port, as the service
+/// serves (no delay).
+async fn empty_service(answer: RateLimitResponse) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(RateLimitServiceServer::new(Empty))
+            .add_service(RateLimitServiceServer::new(Empty(answer)))
             .serve_with_incoming(
                 tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             ),
     );
     addr
+}
+
+/// The answer the in-process service gives a call of the plan (the
+/// descriptor `user=v0`).
+async fn the_services_answer(settings: Settings) -> RateLimitResponse {
+    let service = turnstile_rls::start(settings)
+        .await
+        .expect("the service starts");
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", service.grpc_addr))
+        .await
+        .expect("a client");
+    let request = RateLimitRequest {
+        domain: "load".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "user".into(),
+                value: "v0".into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    };
+    client
+        .should_rate_limit(request)
+        .await
+        .expect("an answer")
+        .into_inner()
 }
 
 /// One row's figures.
@@ -211,6 +245,7 @@ fn main() {
         s
     };
     let redis = turnstile_test_kit::redis_server::RedisServer::start().ok();
+    let answer = runtime.block_on(the_services_answer(settings(BackendName::Memory, None)));
     for plan in &plans {
         println!(
             "\nShouldRateLimit over loopback, client in the same process: {} calls, {} in flight on {} connections, {} keys",
@@ -248,24 +283,30 @@ fn main() {
                 }
             }))
         };
-        let empty = runtime.block_on(async {
-            let addr = empty_service().await;
-            let _ = run(addr, &warm).await;
-            Row {
-                label: "empty tonic service",
-                report: run(addr, plan).await.expect("load"),
-                calls_per_decision: None,
-            }
-        });
-        let floor = empty.report.rate();
-        if wanted(empty.label) {
-            print_row(&empty, floor);
+        let empty = |label: &'static str, answer: RateLimitResponse| {
+            runtime.block_on(async {
+                let addr = empty_service(answer).await;
+                let _ = run(addr, &warm).await;
+                Row {
+                    label,
+                    report: run(addr, plan).await.expect("load"),
+                    calls_per_decision: None,
+                }
+            })
+        };
+        let floor_row = empty("empty tonic service", RateLimitResponse::default());
+        let floor = floor_row.report.rate();
+        if wanted(floor_row.label) {
+            print_row(&floor_row, floor);
         }
         let print = |row: Option<Row>| {
             if let Some(row) = row {
                 print_row(&row, floor);
             }
         };
+        if wanted("canned answer") {
+            print(Some(empty("canned answer", answer.clone())));
+        }
         print(measure("in-process", settings(BackendName::Memory, None)));
         let Some(redis) = &redis else {
             println!("| redis | skipped: no redis-server on PATH |");
