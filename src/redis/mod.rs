@@ -196,6 +196,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use breaker::{BreakerConfig, BreakerState, DEFAULT_COOL_DOWN, DEFAULT_FAILURE_THRESHOLD};
+pub use connection::slot;
 pub use each::EachRequest;
 pub use error::{RedisBuildError, RedisCallError, RedisLimitError};
 pub use metrics::{LatencySnapshot, MetricsSnapshot};
@@ -834,6 +835,13 @@ impl RedisLimiter {
         pipe: &redis::Pipeline,
     ) -> Result<T, RedisCallError> {
         self.path.run_pipeline(pipe).await
+    }
+
+    /// Whether this limiter talks to a Redis Cluster (built with
+    /// [`RedisLimiterBuilder::cluster`]): a [`query`](Self::query)'s keys
+    /// must then share a hash slot ([`slot`]).
+    pub fn is_cluster(&self) -> bool {
+        self.path.is_cluster()
     }
 }
 
