@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use support::{descriptor, request, settings, start, ConfigDir, Harness};
 use turnstile_rls::settings::{BackendName, RedisType};
-use turnstile_test_kit::redis_server::{redis_cli, RedisCluster};
+use turnstile_test_kit::redis_server::{free_port, redis_cli, RedisCluster};
 
 const RULES: &str = r#"
 domain: g
@@ -51,6 +51,27 @@ async fn requests_whose_keys_span_cluster_slots_are_decided_as_on_one_server() {
     windows_across_slots(&cluster, &dir).await;
     stop_increment_across_slots(&cluster, &dir).await;
     peer_environment_selects_the_cluster(&cluster, &dir).await;
+}
+
+/// A Cluster must be up when the service starts (its client learns the
+/// slots then): with none there, the start fails with a sentence naming
+/// the nodes, instead of serving without Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_that_is_not_there_fails_the_start_with_a_sentence() {
+    let port = free_port().expect("a free port");
+    let dir = ConfigDir::with("g.yaml", RULES);
+    let mut settings = settings(&dir);
+    settings.backend = BackendName::Redis;
+    settings.redis_type = RedisType::Cluster;
+    settings.redis_url = format!("127.0.0.1:{port}");
+    let Err(error) = turnstile_rls::start(settings).await else {
+        panic!("no Cluster, no start");
+    };
+    let error = error.to_string();
+    assert!(
+        error.contains("cannot use Redis at") && error.contains(&format!("127.0.0.1:{port}")),
+        "{error}"
+    );
 }
 
 /// The service on `cluster` by its flags; fixed windows with no jitter.
@@ -245,8 +266,14 @@ async fn peer_environment_selects_the_cluster(cluster: &RedisCluster, dir: &Conf
         .iter()
         .map(|port| format!("127.0.0.1:{port}"))
         .collect();
-    let mut settings = support::peer_env_settings(
+    let root = dir.path().parent().expect("the temporary directory");
+    let app = dir.path().file_name().expect("a name").to_string_lossy();
+    // The peer's REDIS_TIMEOUT is not read: a long timeout by flag keeps
+    // the counts exact on a loaded machine.
+    let settings = support::peer_env_settings(
         &[
+            ("RUNTIME_ROOT", root.to_string_lossy().into_owned()),
+            ("RUNTIME_APPDIRECTORY", app.into_owned()),
             ("REDIS_TYPE", "cluster".into()),
             ("REDIS_SOCKET_TYPE", "tcp".into()),
             ("REDIS_URL", nodes.join(",")),
@@ -256,8 +283,7 @@ async fn peer_environment_selects_the_cluster(cluster: &RedisCluster, dir: &Conf
     );
     assert_eq!(settings.redis_type, RedisType::Cluster);
     assert_eq!(settings.backend, BackendName::Redis);
-    settings.config = dir.path().to_path_buf();
-    settings.watch_interval_ms = 0;
+    assert_eq!(settings.config, dir.path());
     let mut h = start(settings).await;
     let values = values_on_distinct_masters(cluster, "p", "k", 2);
     let both = || {
