@@ -13,8 +13,9 @@
 //!
 //! On a Redis Cluster a pipeline's keys must share a hash slot, so each
 //! pass is split there into one pipeline per slot its keys fall in, all
-//! in flight at once (as the peer's Cluster client groups its pipeline):
-//! still one round trip of waiting per pass.
+//! in flight at once (as the peer's Cluster client groups its pipeline)
+//! and asking the breaker once ([`RedisLimiter::query_each`]): still one
+//! round trip of waiting per pass.
 
 use std::collections::hash_map::RandomState;
 use std::collections::BTreeMap;
@@ -174,8 +175,10 @@ impl RedisWindows {
     /// One reply per key of `keys`, in their order: `command(pipe, i)`
     /// adds key `i`'s commands (one reply not ignored) to a pipeline. One
     /// pipeline on one server; on a Cluster one per hash slot, sent
-    /// together. Any pipeline's failure fails the whole pass, which the
-    /// failure policy then decides (as one failed pipeline did).
+    /// together ([`RedisLimiter::query_each`]: one breaker call for the
+    /// pass, as GCRA's batch). Any pipeline's failure fails the whole
+    /// pass, which the failure policy then decides (as one failed
+    /// pipeline did).
     async fn query_by_slot<T: redis::FromRedisValue + Default>(
         &self,
         keys: &[&str],
@@ -192,12 +195,10 @@ impl RedisWindows {
                 pipe
             })
             .collect();
-        let replies =
-            futures_util::future::join_all(pipes.iter().map(|p| self.redis.query::<Vec<T>>(p)))
-                .await;
+        let replies: Vec<Vec<T>> = self.redis.query_each(&pipes).await?;
         let mut out: Vec<Option<T>> = std::iter::repeat_with(|| None).take(keys.len()).collect();
         for (group, reply) in groups.iter().zip(replies) {
-            for (&i, value) in group.iter().zip(reply?) {
+            for (&i, value) in group.iter().zip(reply) {
                 out[i] = Some(value);
             }
         }

@@ -834,7 +834,34 @@ impl RedisLimiter {
         &self,
         pipe: &redis::Pipeline,
     ) -> Result<T, RedisCallError> {
-        self.path.run_pipeline(pipe).await
+        self.query_each(std::slice::from_ref(pipe))
+            .await?
+            .pop()
+            .ok_or_else(|| RedisCallError::BadReply("no reply to the pipeline".into()))
+    }
+
+    /// Sends several pipelines at once as [`query`](Self::query) sends
+    /// one, their replies in order: the breaker is asked once and hears one
+    /// failure if any pipeline failed (the answer is then the first
+    /// failure), as for a batch of checks. For commands spanning a
+    /// Cluster's slots: one pipeline per slot ([`slot`]), one round trip of
+    /// waiting.
+    ///
+    /// ```no_run
+    /// # async fn run(limiter: turnstile_rl::redis::RedisLimiter) -> Result<(), turnstile_rl::redis::RedisCallError> {
+    /// let (mut a, mut b) = (redis::pipe(), redis::pipe());
+    /// a.incr("hits:a", 1);
+    /// b.incr("hits:b", 1);
+    /// let replies: Vec<(u64,)> = limiter.query_each(&[a, b]).await?;
+    /// # let _ = replies;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn query_each<T: redis::FromRedisValue>(
+        &self,
+        pipes: &[redis::Pipeline],
+    ) -> Result<Vec<T>, RedisCallError> {
+        self.path.run_pipelines(pipes).await
     }
 
     /// Whether this limiter talks to a Redis Cluster (built with
