@@ -139,3 +139,42 @@ async fn several_limits_per_key_run_in_one_slot_on_the_cluster(
     assert!(per_master.iter().all(|&n| n > 0), "{per_master:?}");
     Ok(())
 }
+
+/// A caller's own commands on a Cluster (`RedisLimiter::query_each`): a
+/// pipeline whose keys span slots is refused, one pipeline per slot
+/// (`redis::slot`) is answered, each reply in its pipeline's place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callers_pipelines_one_per_slot_run_on_the_cluster(
+) -> Result<(), Box<dyn std::error::Error>> {
+    use turnstile_rl::redis::slot;
+    let cluster = RedisCluster::start()?;
+    let limiter = RedisLimiter::builder(Quota::per_second(1)?)
+        .cluster(cluster.urls())
+        .timeout(Duration::from_secs(2))
+        .build()
+        .await?;
+    assert!(limiter.is_cluster());
+    let keys = ["foo", "bar"];
+    assert_ne!(slot(b"foo"), slot(b"bar"), "two slots");
+    let mut both = redis::pipe();
+    for key in keys {
+        both.incr(key, 1);
+    }
+    let crossed = limiter.query::<(u64, u64)>(&both).await;
+    assert!(
+        crossed.is_err(),
+        "keys of two slots in one pipeline: {crossed:?}"
+    );
+    let pipes: Vec<redis::Pipeline> = keys
+        .iter()
+        .zip([2, 5])
+        .map(|(key, by)| {
+            let mut pipe = redis::pipe();
+            pipe.incr(*key, by);
+            pipe
+        })
+        .collect();
+    let replies: Vec<(u64,)> = limiter.query_each(&pipes).await?;
+    assert_eq!(replies, vec![(2,), (5,)]);
+    Ok(())
+}

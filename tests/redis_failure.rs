@@ -465,3 +465,38 @@ async fn a_callers_pipeline_shares_the_breaker_with_checks() -> TestResult {
     assert!(limiter.metrics().breaker_rejections >= 2);
     Ok(())
 }
+
+/// Several pipelines sent together (`RedisLimiter::query_each`, one per
+/// Cluster slot) are one send to the breaker, as a batch of checks is:
+/// with a threshold of 3, one failed send of three pipelines does not
+/// open it; three failed sends do. Each pipeline still counts as a call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelines_sent_together_are_one_send_to_the_breaker() -> TestResult {
+    let mut server = RedisServer::start()?;
+    let limiter = limiter_cooling(&server, FailurePolicy::FailOpen, NO_PROBE).await?;
+    let pipes: Vec<redis::Pipeline> = ["a", "b", "c"]
+        .iter()
+        .map(|key| {
+            let mut pipe = redis::pipe();
+            pipe.incr(*key, 1);
+            pipe
+        })
+        .collect();
+    let replies: Vec<(u64,)> = limiter.query_each(&pipes).await?;
+    assert_eq!(replies, vec![(1,), (1,), (1,)]);
+    assert_eq!(limiter.metrics().redis_calls, 3);
+    server.kill();
+    let failed = limiter.query_each::<(u64,)>(&pipes).await;
+    assert!(failed.is_err(), "Redis is gone: {failed:?}");
+    assert_eq!(
+        limiter.breaker_state(),
+        BreakerState::Closed,
+        "one failed send, not three"
+    );
+    for _ in 0..2 {
+        let failed = limiter.query_each::<(u64,)>(&pipes).await;
+        assert!(failed.is_err(), "Redis is gone: {failed:?}");
+    }
+    assert_eq!(limiter.breaker_state(), BreakerState::Open);
+    Ok(())
+}

@@ -6,6 +6,7 @@
 //! the peer's defaults (`settings.go`) for the variables it combines.
 
 use clap::{CommandFactory, FromArgMatches};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 use crate::settings::Settings;
 
@@ -78,24 +79,57 @@ fn peer_defaults(
             out.push((arg, format!("{host}:{port}")));
         }
     }
-    // Redis: REDIS_URL is a host:port (tcp) or a socket path (unix, the
-    // peer's default socket type); the peer's backend is Redis by default.
+    // Redis: REDIS_TYPE is `single` (the peer's default) or `cluster`.
+    let cluster = match var("REDIS_TYPE").map(|t| t.to_ascii_lowercase()).as_deref() {
+        None | Some("single") => false,
+        Some("cluster") => true,
+        Some(_) => {
+            let value = var("REDIS_TYPE").unwrap_or_default();
+            let sentinel = value.eq_ignore_ascii_case("sentinel");
+            return Err(PeerEnvError::Invalid {
+                name: "REDIS_TYPE",
+                value,
+                expected: match sentinel {
+                    true => "single or cluster (turnstile-rls does not support Redis Sentinel: give REDIS_URL the master's address, or use a Cluster)",
+                    false => "single or cluster",
+                },
+            });
+        }
+    };
+    if cluster {
+        out.push(("redis_type", "cluster".into()));
+    }
+    // REDIS_URL is a host:port (tcp) or a socket path (unix, the peer's
+    // default socket type), or for a Cluster a comma-separated list of
+    // host:port (always tcp there, as the peer's Cluster client dials);
+    // the peer's backend is Redis by default.
     if let Some(url) = var("REDIS_URL") {
         let socket = var("REDIS_SOCKET_TYPE").unwrap_or_else(|| "unix".into());
         // REDIS_AUTH: `password` or `user:password`, as the peer splits it
         // (a full URL carries its own credentials).
         let auth = var("REDIS_AUTH").map(|auth| match auth.split_once(':') {
-            Some((user, pass)) => (Some(percent_encode(user)), percent_encode(pass)),
-            None => (None, percent_encode(&auth)),
+            Some((user, pass)) => (Some(url_part(user)), url_part(pass)),
+            None => (None, url_part(&auth)),
         });
+        let tcp = |node: &str| match &auth {
+            _ if node.contains("://") => node.to_owned(),
+            Some((user, pass)) => {
+                format!(
+                    "redis://{}:{pass}@{node}",
+                    user.as_deref().unwrap_or_default()
+                )
+            }
+            None => format!("redis://{node}"),
+        };
         let url = match socket.to_ascii_lowercase().as_str() {
+            _ if cluster => url
+                .split(',')
+                .map(str::trim)
+                .map(tcp)
+                .collect::<Vec<_>>()
+                .join(","),
             _ if url.contains("://") => url,
-            "tcp" => match auth {
-                Some((user, pass)) => {
-                    format!("redis://{}:{pass}@{url}", user.unwrap_or_default())
-                }
-                None => format!("redis://{url}"),
-            },
+            "tcp" => tcp(&url),
             "unix" => match auth {
                 Some((Some(user), pass)) => format!("redis+unix://{url}?user={user}&pass={pass}"),
                 Some((None, pass)) => format!("redis+unix://{url}?pass={pass}"),
@@ -180,18 +214,17 @@ fn peer_defaults(
     Ok(out)
 }
 
+/// Every byte but the URL-safe ones (letters, digits, `-._~`).
+const URL_PART: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 /// `text` with every byte but URL-safe ones as `%XX`, for a URL's user
 /// and password (the Redis client decodes them).
-fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
-            out.push(char::from(byte));
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
+fn url_part(text: &str) -> String {
+    utf8_percent_encode(text, URL_PART).to_string()
 }
 
 /// Go's `strconv.ParseBool`, as the peer reads its booleans.

@@ -19,7 +19,7 @@ use turnstile_rl::{KeyedLimiter, Quota};
 
 use crate::bucket::{decide_local, Outcome};
 use crate::over_limit_cache::{OverLimit, OverLimitCache};
-use crate::settings::{FailurePolicyName, RedisSettings};
+use crate::settings::{FailurePolicyName, RedisSettings, RedisType};
 
 /// The service's Redis for GCRA limits: the limiter every limit's is made
 /// from, whose call path they all share.
@@ -47,7 +47,8 @@ pub type Asked<'a> = (&'a RedisBucket, &'a str, u64);
 
 impl RedisGcra {
     /// The service's limiter on `settings.url`, connected on first use (so
-    /// the service starts while Redis is down).
+    /// the service starts while Redis is down); a Cluster is connected
+    /// now, to learn its slots, and must be up.
     pub async fn new(
         settings: &RedisSettings,
         cache: Option<Arc<OverLimitCache>>,
@@ -59,8 +60,12 @@ impl RedisGcra {
             FailurePolicyName::Open | FailurePolicyName::Local => FailurePolicy::FailOpen,
             FailurePolicyName::Closed => FailurePolicy::FailClosed,
         };
-        let base = RedisLimiter::builder(Quota::per_second(1).map_err(|e| e.to_string())?)
-            .url(settings.url.clone())
+        let builder = RedisLimiter::builder(Quota::per_second(1).map_err(|e| e.to_string())?);
+        let builder = match settings.redis_type {
+            RedisType::Single => builder.url(settings.url.clone()),
+            RedisType::Cluster => builder.cluster(settings.cluster_nodes()),
+        };
+        let base = builder
             .prefix(settings.prefix.clone())
             .timeout(settings.timeout)
             .failure_policy(policy)

@@ -10,13 +10,20 @@
 //! ([`RedisLimiter::query`]): its connection, timeout and circuit breaker,
 //! so an outage that fixed windows see opens the breaker GCRA limits use,
 //! and the other way round.
+//!
+//! On a Redis Cluster a pipeline's keys must share a hash slot, so each
+//! pass is split there into one pipeline per slot its keys fall in, all
+//! in flight at once (as the peer's Cluster client groups its pipeline)
+//! and asking the breaker once ([`RedisLimiter::query_each`]): still one
+//! round trip of waiting per pass.
 
 use std::collections::hash_map::RandomState;
+use std::collections::BTreeMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Instant;
 
-use turnstile_rl::redis::{RedisCallError, RedisLimiter};
+use turnstile_rl::redis::{slot, RedisCallError, RedisLimiter};
 
 use crate::over_limit_cache::{OverLimit, OverLimitCache};
 use crate::settings::FailurePolicyName;
@@ -115,28 +122,30 @@ impl RedisWindows {
             // As the peer: one descriptor over in the cache, no other is charged.
             vec![0; asked.len()]
         } else {
-            let mut gets = redis::pipe();
-            for key in &keys {
-                gets.get(key);
-            }
-            let current: Vec<Option<u64>> = self.redis.query(&gets).await?;
+            let all: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let current: Vec<Option<u64>> = self
+                .query_by_slot(&all, |pipe, i| {
+                    pipe.get(all[i]);
+                })
+                .await?;
             let current: Vec<u64> = current.into_iter().map(Option::unwrap_or_default).collect();
             charges(hits, &current)
         };
-        let mut afters = Vec::new();
+        let mut afters: Vec<u64> = Vec::new();
         if !asked.is_empty() {
-            let mut pipe = redis::pipe();
-            for (&i, add) in asked.iter().zip(&adds) {
-                let (key, hit) = (&keys[i], &hits[i]);
-                let jitter = match self.jitter_max_secs {
-                    0 => 0,
-                    max => RandomState::new().hash_one(key) % max,
-                };
-                pipe.incr(key, *add)
-                    .expire(key, (hit.length + jitter) as i64)
-                    .ignore();
-            }
-            afters = self.redis.query(&pipe).await?;
+            let asked_keys: Vec<&str> = asked.iter().map(|&i| keys[i].as_str()).collect();
+            afters = self
+                .query_by_slot(&asked_keys, |pipe, at| {
+                    let (key, hit) = (asked_keys[at], &hits[asked[at]]);
+                    let jitter = match self.jitter_max_secs {
+                        0 => 0,
+                        max => RandomState::new().hash_one(key) % max,
+                    };
+                    pipe.incr(key, adds[at])
+                        .expire(key, (hit.length + jitter) as i64)
+                        .ignore();
+                })
+                .await?;
         }
         let mut afters = afters.into_iter();
         let mut counts = Vec::with_capacity(hits.len());
@@ -163,6 +172,39 @@ impl RedisWindows {
         Ok(counts)
     }
 
+    /// One reply per key of `keys`, in their order: `command(pipe, i)`
+    /// adds key `i`'s commands (one reply not ignored) to a pipeline. One
+    /// pipeline on one server; on a Cluster one per hash slot, sent
+    /// together ([`RedisLimiter::query_each`]: one breaker call for the
+    /// pass, as GCRA's batch). Any pipeline's failure fails the whole
+    /// pass, which the failure policy then decides (as one failed
+    /// pipeline did).
+    async fn query_by_slot<T: redis::FromRedisValue + Default>(
+        &self,
+        keys: &[&str],
+        command: impl Fn(&mut redis::Pipeline, usize),
+    ) -> Result<Vec<T>, RedisCallError> {
+        let groups = slot_groups(keys, self.redis.is_cluster());
+        let pipes: Vec<redis::Pipeline> = groups
+            .iter()
+            .map(|group| {
+                let mut pipe = redis::pipe();
+                for &i in group {
+                    command(&mut pipe, i);
+                }
+                pipe
+            })
+            .collect();
+        let replies: Vec<Vec<T>> = self.redis.query_each(&pipes).await?;
+        let mut out: Vec<Option<T>> = std::iter::repeat_with(|| None).take(keys.len()).collect();
+        for (group, reply) in groups.iter().zip(replies) {
+            for (&i, value) in group.iter().zip(reply) {
+                out[i] = Some(value);
+            }
+        }
+        Ok(out.into_iter().map(Option::unwrap_or_default).collect())
+    }
+
     fn fallback(&self, hits: &[WindowHit], stop_when_over: bool, now: u64) -> Vec<WindowCount> {
         match self.policy {
             FailurePolicyName::Local => self.local.count(hits, stop_when_over),
@@ -178,8 +220,37 @@ impl RedisWindows {
     }
 }
 
+/// Positions in `keys` grouped so each group's keys share a Cluster hash
+/// slot, in order within a group: all in one group when not a Cluster.
+fn slot_groups(keys: &[&str], cluster: bool) -> Vec<Vec<usize>> {
+    if !cluster {
+        return vec![(0..keys.len()).collect()];
+    }
+    let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+    for (i, key) in keys.iter().enumerate() {
+        by_slot.entry(slot(key.as_bytes())).or_default().push(i);
+    }
+    by_slot.into_values().collect()
+}
+
 /// A fixed window's key in the over-limit cache (GCRA keys there start
 /// otherwise, so the two never meet).
 fn cache_key(redis_key: &str) -> String {
     format!("w:{redis_key}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_grouped_by_slot_on_a_cluster_only() {
+        // "foo" and "bar" are in different slots; a hash tag joins keys.
+        let keys = ["foo", "bar", "{foo}x", "{bar}y"];
+        assert_eq!(slot_groups(&keys, false), vec![vec![0, 1, 2, 3]]);
+        let groups = slot_groups(&keys, true);
+        assert_eq!(groups.len(), 2, "{groups:?}");
+        assert!(groups.contains(&vec![0, 2]), "{groups:?}");
+        assert!(groups.contains(&vec![1, 3]), "{groups:?}");
+    }
 }

@@ -40,13 +40,20 @@ pub struct Settings {
     /// buckets are forgotten first.
     #[arg(long, env = "TURNSTILE_RLS_MAX_KEYS", default_value_t = turnstile_rl::keyed::DEFAULT_MAX_KEYS)]
     pub max_keys: usize,
-    /// The Redis server (`--backend redis`).
+    /// The Redis server (`--backend redis`); with `--redis-type cluster`,
+    /// a comma-separated list of some of the Cluster's nodes
+    /// (`redis://host:port` or `host:port`), from which it learns the rest.
     #[arg(
         long,
         env = "TURNSTILE_RLS_REDIS_URL",
         default_value = "redis://127.0.0.1:6379"
     )]
     pub redis_url: String,
+    /// `single`: one Redis server; `cluster`: a Redis Cluster (which must
+    /// be up when the service starts, to learn its slots).
+    /// Environment: also `REDIS_TYPE` (read by `peer_env`).
+    #[arg(long, env = "TURNSTILE_RLS_REDIS_TYPE", value_enum, default_value_t = RedisType::Single)]
+    pub redis_type: RedisType,
     /// Prefix of every Redis key.
     #[arg(
         long,
@@ -151,6 +158,15 @@ pub enum BackendName {
     Redis,
 }
 
+/// `--redis-type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RedisType {
+    /// One server.
+    Single,
+    /// A Redis Cluster: keys spread over its masters by hash slot.
+    Cluster,
+}
+
 /// `--redis-failure-policy`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum FailurePolicyName {
@@ -179,6 +195,8 @@ pub enum BackendSettings {
 pub struct RedisSettings {
     /// `--redis-url`.
     pub url: String,
+    /// `--redis-type`.
+    pub redis_type: RedisType,
     /// `--redis-prefix`.
     pub prefix: String,
     /// `--redis-timeout-ms`.
@@ -189,6 +207,22 @@ pub struct RedisSettings {
     pub max_keys: usize,
     /// `--redis-lease`: tokens per lease (0 or 1: no leases).
     pub lease: u64,
+}
+
+impl RedisSettings {
+    /// The Cluster's seed nodes of `--redis-url` as URLs: split at commas,
+    /// a bare `host:port` given the `redis://` scheme.
+    pub fn cluster_nodes(&self) -> Vec<String> {
+        self.url
+            .split(',')
+            .map(str::trim)
+            .filter(|node| !node.is_empty())
+            .map(|node| match node.contains("://") {
+                true => node.to_owned(),
+                false => format!("redis://{node}"),
+            })
+            .collect()
+    }
 }
 
 impl Settings {
@@ -217,6 +251,7 @@ impl Settings {
             },
             BackendName::Redis => BackendSettings::Redis(RedisSettings {
                 url: self.redis_url.clone(),
+                redis_type: self.redis_type,
                 prefix: self.redis_prefix.clone(),
                 timeout: Duration::from_millis(self.redis_timeout_ms),
                 failure_policy: self.redis_failure_policy,

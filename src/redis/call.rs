@@ -71,13 +71,7 @@ impl CallPath {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let decode = &decode;
         let sent = calls.iter().enumerate().map(|(index, call)| async move {
-            self.metrics.call();
-            let started = Instant::now();
-            let reply = tokio::time::timeout_at(deadline, self.connection.invoke(call))
-                .await
-                .map_err(|_| RedisCallError::Timeout)?
-                .map_err(RedisCallError::from_redis)?;
-            self.metrics.latency(started.elapsed());
+            let reply = self.timed(deadline, self.connection.invoke(call)).await?;
             decode(index, &reply)
         });
         let results = futures_util::future::join_all(sent).await;
@@ -85,25 +79,40 @@ impl CallPath {
         Ok(results)
     }
 
-    /// Sends one pipeline of the caller's own commands as [`run`](Self::run)
-    /// sends a script call: asked of the breaker, under the timeout,
-    /// counted and timed, its failure heard by the breaker.
-    pub(crate) async fn run_pipeline<T: redis::FromRedisValue>(
+    /// Sends pipelines of the caller's own commands (on a Cluster each
+    /// one's keys in one slot) as [`run`](Self::run) sends script calls:
+    /// the breaker asked once, all in flight under one deadline, each
+    /// counted and timed, and the breaker told one failure if any failed
+    /// (then the answer is the first failure), else one success.
+    pub(crate) async fn run_pipelines<T: redis::FromRedisValue>(
         &self,
-        pipe: &redis::Pipeline,
-    ) -> Result<T, RedisCallError> {
+        pipes: &[redis::Pipeline],
+    ) -> Result<Vec<T>, RedisCallError> {
         self.admit()?;
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let sent = pipes
+            .iter()
+            .map(|pipe| self.timed(deadline, self.connection.query(pipe)));
+        let results: Vec<Result<T, RedisCallError>> = futures_util::future::join_all(sent).await;
+        self.settle(results.iter().filter_map(|r| r.as_ref().err()));
+        results.into_iter().collect()
+    }
+
+    /// One call of a send: counted, ended at `deadline`, and its latency
+    /// recorded when it succeeds.
+    async fn timed<R>(
+        &self,
+        deadline: tokio::time::Instant,
+        call: impl std::future::Future<Output = redis::RedisResult<R>>,
+    ) -> Result<R, RedisCallError> {
         self.metrics.call();
         let started = Instant::now();
-        let reply = tokio::time::timeout(self.timeout, self.connection.query(pipe))
+        let reply = tokio::time::timeout_at(deadline, call)
             .await
-            .map_err(|_| RedisCallError::Timeout)
-            .and_then(|reply| reply.map_err(RedisCallError::from_redis));
-        if reply.is_ok() {
-            self.metrics.latency(started.elapsed());
-        }
-        self.settle(reply.as_ref().err());
-        reply
+            .map_err(|_| RedisCallError::Timeout)?
+            .map_err(RedisCallError::from_redis)?;
+        self.metrics.latency(started.elapsed());
+        Ok(reply)
     }
 
     /// Asks the breaker whether a call may be sent: open, the call is

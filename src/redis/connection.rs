@@ -84,7 +84,17 @@ impl Connection {
 /// Redis Cluster's hash slot of `key`: CRC16 (XMODEM) of its hash tag (the
 /// bytes between the first `{` and the next `}`, when not empty) or of the
 /// whole key, modulo 16384, as the Cluster specification defines it.
-pub(crate) fn slot(key: &[u8]) -> u16 {
+///
+/// For callers that send their own commands through
+/// [`RedisLimiter::query`](super::RedisLimiter::query): on a Cluster a
+/// pipeline's keys must share a slot, so group them by this.
+///
+/// ```
+/// use turnstile_rl::redis::slot;
+/// assert_eq!(slot(b"foo"), 12_182);
+/// assert_eq!(slot(b"{user1}:a"), slot(b"{user1}:b"));
+/// ```
+pub fn slot(key: &[u8]) -> u16 {
     let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
         let rest = &key[open + 1..];
         let close = rest.iter().position(|&b| b == b'}')?;

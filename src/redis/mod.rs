@@ -196,6 +196,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use breaker::{BreakerConfig, BreakerState, DEFAULT_COOL_DOWN, DEFAULT_FAILURE_THRESHOLD};
+pub use connection::slot;
 pub use each::EachRequest;
 pub use error::{RedisBuildError, RedisCallError, RedisLimitError};
 pub use metrics::{LatencySnapshot, MetricsSnapshot};
@@ -833,7 +834,41 @@ impl RedisLimiter {
         &self,
         pipe: &redis::Pipeline,
     ) -> Result<T, RedisCallError> {
-        self.path.run_pipeline(pipe).await
+        self.query_each(std::slice::from_ref(pipe))
+            .await?
+            .pop()
+            .ok_or_else(|| RedisCallError::BadReply("no reply to the pipeline".into()))
+    }
+
+    /// Sends several pipelines at once as [`query`](Self::query) sends
+    /// one, their replies in order: the breaker is asked once and hears one
+    /// failure if any pipeline failed (the answer is then the first
+    /// failure), as for a batch of checks. For commands spanning a
+    /// Cluster's slots: one pipeline per slot ([`slot`]), one round trip of
+    /// waiting.
+    ///
+    /// ```no_run
+    /// # async fn run(limiter: turnstile_rl::redis::RedisLimiter) -> Result<(), turnstile_rl::redis::RedisCallError> {
+    /// let (mut a, mut b) = (redis::pipe(), redis::pipe());
+    /// a.incr("hits:a", 1);
+    /// b.incr("hits:b", 1);
+    /// let replies: Vec<(u64,)> = limiter.query_each(&[a, b]).await?;
+    /// # let _ = replies;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn query_each<T: redis::FromRedisValue>(
+        &self,
+        pipes: &[redis::Pipeline],
+    ) -> Result<Vec<T>, RedisCallError> {
+        self.path.run_pipelines(pipes).await
+    }
+
+    /// Whether this limiter talks to a Redis Cluster (built with
+    /// [`RedisLimiterBuilder::cluster`]): a [`query`](Self::query)'s keys
+    /// must then share a hash slot ([`slot`]).
+    pub fn is_cluster(&self) -> bool {
+        self.path.is_cluster()
     }
 }
 

@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use support::{descriptor, request, sample, settings, start, ConfigDir, Harness};
-use turnstile_rls::settings::BackendName;
+use turnstile_rls::settings::{BackendName, BackendSettings, RedisType};
 use turnstile_rls::Settings;
 
 fn with_env(args: &[&str], vars: &[(&str, &str)]) -> Result<Settings, String> {
@@ -116,6 +116,75 @@ fn redis_auth_is_put_in_the_redis_url() {
     )
     .expect("a URL");
     assert_eq!(full.redis_url, "redis://:own@h:1", "a URL keeps its own");
+}
+
+/// REDIS_TYPE: `single` (the default) or `cluster`, whose REDIS_URL is a
+/// comma-separated list of host:port, each a tcp URL with REDIS_AUTH;
+/// Sentinel is refused with a sentence saying so.
+#[test]
+fn redis_type_selects_a_cluster_and_refuses_sentinel() {
+    let nodes = "10.0.0.1:7000, 10.0.0.2:7000,10.0.0.3:7000";
+    let single = with_env(&[], &[("REDIS_URL", "/run/redis.sock")]).expect("single");
+    assert_eq!(single.redis_type, RedisType::Single);
+    let cluster = with_env(
+        &[],
+        &[
+            ("REDIS_TYPE", "CLUSTER"),
+            ("REDIS_URL", nodes),
+            ("REDIS_AUTH", "app:p@ss"),
+        ],
+    )
+    .expect("a Cluster, whatever the socket type (the peer dials tcp)");
+    assert_eq!(cluster.redis_type, RedisType::Cluster);
+    assert_eq!(cluster.backend, BackendName::Redis);
+    assert_eq!(
+        cluster.redis_url,
+        "redis://app:p%40ss@10.0.0.1:7000,redis://app:p%40ss@10.0.0.2:7000,redis://app:p%40ss@10.0.0.3:7000"
+    );
+    let flag = with_env(
+        &["--redis-type", "single"],
+        &[("REDIS_TYPE", "cluster"), ("REDIS_URL", nodes)],
+    )
+    .expect("a flag");
+    assert_eq!(flag.redis_type, RedisType::Single, "a flag wins");
+    let sentinel = with_env(
+        &[],
+        &[
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "mymaster,s1:26379"),
+        ],
+    )
+    .expect_err("refused");
+    assert!(
+        sentinel.contains("REDIS_TYPE") && sentinel.contains("does not support Redis Sentinel"),
+        "{sentinel}"
+    );
+    let bad = with_env(&[], &[("REDIS_TYPE", "ring")]).expect_err("refused");
+    assert!(bad.contains("single or cluster"), "{bad}");
+}
+
+/// `--redis-url` of a Cluster: its seed nodes, bare `host:port` or URLs.
+#[test]
+fn cluster_nodes_are_the_comma_separated_urls() {
+    let settings = with_env(
+        &[
+            "--backend",
+            "redis",
+            "--redis-type",
+            "cluster",
+            "--redis-url",
+            "127.0.0.1:7000,redis://127.0.0.1:7001,",
+        ],
+        &[],
+    )
+    .expect("flags");
+    let BackendSettings::Redis(redis) = settings.backend_settings() else {
+        panic!("the Redis backend")
+    };
+    assert_eq!(
+        redis.cluster_nodes(),
+        ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]
+    );
 }
 
 const V1: &str =

@@ -12,5 +12,6 @@ mod peer_service;
 mod peer_suite;
 mod peer_suite_inline;
 mod redis_backend;
+mod redis_cluster;
 mod reload;
 mod support;
