@@ -51,7 +51,7 @@ pub struct Settings {
     pub redis_url: String,
     /// `single`: one Redis server; `cluster`: a Redis Cluster (which must
     /// be up when the service starts, to learn its slots).
-    /// Environment: also `REDIS_TYPE` (read by `peer_env`).
+    /// Environment: also `REDIS_TYPE`, as envoyproxy/ratelimit names it.
     #[arg(long, env = "TURNSTILE_RLS_REDIS_TYPE", value_enum, default_value_t = RedisType::Single)]
     pub redis_type: RedisType,
     /// Prefix of every Redis key.
@@ -90,33 +90,33 @@ pub struct Settings {
     /// Fixed windows: when a descriptor of a request goes over, the others
     /// of that request are not charged (envoyproxy/ratelimit's setting; by
     /// default every hit counts, refused or not).
-    /// Environment: `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` (read by `peer_env`).
+    /// Environment: `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`, as envoyproxy/ratelimit names it.
     #[arg(long)]
     pub stop_cache_key_increment_when_overlimit: bool,
     /// Files naming one domain merge their descriptors instead of being an error.
-    /// Environment: `MERGE_DOMAIN_CONFIG` (read by `peer_env`).
+    /// Environment: `MERGE_DOMAIN_CONFIG`, as envoyproxy/ratelimit names it.
     #[arg(long)]
     pub merge_domain_config: bool,
     /// Every descriptor is in quota mode: the request is refused only when
     /// all quota descriptors are over their limits.
-    /// Environment: `QUOTA_MODE` (read by `peer_env`).
+    /// Environment: `QUOTA_MODE`, as envoyproxy/ratelimit names it.
     #[arg(long)]
     pub quota_mode: bool,
     /// Add envoyproxy/ratelimit's three headers (limit, remaining, reset
     /// of the descriptor closest to its limit) to every answer.
-    /// Environment: `LIMIT_RESPONSE_HEADERS_ENABLED` (read by `peer_env`).
+    /// Environment: `LIMIT_RESPONSE_HEADERS_ENABLED`, as envoyproxy/ratelimit names it.
     #[arg(long)]
     pub limit_response_headers: bool,
     /// The limit header's name.
-    /// Environment: `LIMIT_LIMIT_HEADER` (read by `peer_env`).
+    /// Environment: `LIMIT_LIMIT_HEADER`, as envoyproxy/ratelimit names it.
     #[arg(long, default_value = "RateLimit-Limit")]
     pub limit_limit_header: String,
     /// The remaining header's name.
-    /// Environment: `LIMIT_REMAINING_HEADER` (read by `peer_env`).
+    /// Environment: `LIMIT_REMAINING_HEADER`, as envoyproxy/ratelimit names it.
     #[arg(long, default_value = "RateLimit-Remaining")]
     pub limit_remaining_header: String,
     /// The reset header's name.
-    /// Environment: `LIMIT_RESET_HEADER` (read by `peer_env`).
+    /// Environment: `LIMIT_RESET_HEADER`, as envoyproxy/ratelimit names it.
     #[arg(long, default_value = "RateLimit-Reset")]
     pub limit_reset_header: String,
     /// How often the configuration directory is checked for changes, in
@@ -127,17 +127,17 @@ pub struct Settings {
     /// their limit here, with no Redis call, until their window or refusal
     /// ends, in a cache of about this many bytes (envoyproxy/ratelimit's
     /// setting); 0 (the default): off.
-    /// Environment: `LOCAL_CACHE_SIZE_IN_BYTES` (read by `peer_env`).
+    /// Environment: `LOCAL_CACHE_SIZE_IN_BYTES`, as envoyproxy/ratelimit names it.
     #[arg(long, default_value_t = 0)]
     pub local_cache_size_in_bytes: usize,
     /// Fixed windows in Redis: the prefix of every key (the peer's
     /// `CACHE_KEY_PREFIX`; keys are then the peer's own).
-    /// Environment: `CACHE_KEY_PREFIX` (read by `peer_env`).
+    /// Environment: `CACHE_KEY_PREFIX`, as envoyproxy/ratelimit names it.
     #[arg(long, default_value = "")]
     pub cache_key_prefix: String,
     /// Fixed windows in Redis: each key expires a window's length plus a
     /// random part of up to this many seconds.
-    /// Environment: `EXPIRATION_JITTER_MAX_SECONDS` (read by `peer_env`).
+    /// Environment: `EXPIRATION_JITTER_MAX_SECONDS`, as envoyproxy/ratelimit names it.
     #[arg(long, default_value_t = 300)]
     pub expiration_jitter_max_seconds: u64,
     /// The least severe log events written: trace, debug, info, warn,
