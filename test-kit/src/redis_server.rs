@@ -6,11 +6,13 @@
 //! Needs `redis-server` and `redis-cli` on `PATH` (`scripts/test.sh`
 //! installs them when missing).
 
+use std::collections::HashSet;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -20,6 +22,12 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
 
 static NEXT_DIR: AtomicU32 = AtomicU32::new(0);
+/// Ports this process has handed out: two tests running at once never get
+/// the same one, even if the kernel offers it twice.
+static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+/// Ports a new server tries before giving up, when another process took
+/// the one it was given between `free_port` and its bind.
+const START_ATTEMPTS: usize = 5;
 
 /// A directory removed on drop.
 #[derive(Debug)]
@@ -52,7 +60,7 @@ pub struct RedisServer {
 }
 
 /// A loopback port that is free now, whose cluster bus port (`+10000`) is
-/// free too.
+/// free too, and that this process has not handed out before.
 pub fn free_port() -> io::Result<u16> {
     for _ in 0..100 {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
@@ -60,7 +68,11 @@ pub fn free_port() -> io::Result<u16> {
         if port > 55_000 {
             continue;
         }
-        if TcpListener::bind((Ipv4Addr::LOCALHOST, port + 10_000)).is_ok() {
+        if TcpListener::bind((Ipv4Addr::LOCALHOST, port + 10_000)).is_err() {
+            continue;
+        }
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+        if handed_out.get_or_insert_with(HashSet::new).insert(port) {
             return Ok(port);
         }
     }
@@ -73,6 +85,9 @@ impl RedisServer {
         Self::start_with(Vec::new())
     }
 
+    /// A port that is free when chosen may be taken before the server binds
+    /// it (by another process's server, or a client's ephemeral port): then
+    /// the server exits, and another port is tried.
     fn start_with(extra_args: Vec<String>) -> io::Result<RedisServer> {
         let mut server = RedisServer {
             port: free_port()?,
@@ -80,8 +95,16 @@ impl RedisServer {
             extra_args,
             dir: TempDir::new("redis")?,
         };
-        server.restart()?;
-        Ok(server)
+        let mut attempts = 1;
+        loop {
+            match server.restart() {
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse && attempts < START_ATTEMPTS => {
+                    attempts += 1;
+                    server.port = free_port()?;
+                }
+                result => return result.map(|()| server),
+            }
+        }
     }
 
     /// `redis://127.0.0.1:port`.
@@ -108,6 +131,12 @@ impl RedisServer {
     }
 
     /// Starts the server again on the same port (after [`kill`](Self::kill)).
+    ///
+    /// It is ready when a PING on the port is answered by this very process
+    /// (`INFO server`'s `process_id`): a PONG from another test's server on
+    /// the same port would let this one's tests talk to, and be killed
+    /// with, a server they do not own. If the port is taken, the server
+    /// exits and the error's kind is `AddrInUse`.
     pub fn restart(&mut self) -> io::Result<()> {
         self.kill();
         let log = std::fs::File::create(self.dir.0.join(format!("redis-{}.log", self.port)))?;
@@ -129,10 +158,25 @@ impl RedisServer {
                     ),
                 )
             })?;
+        let pid = child.id();
         self.child = Some(child);
         let deadline = Instant::now() + START_TIMEOUT;
         while Instant::now() < deadline {
-            if ping(self.port).is_ok() {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!(
+                        "redis-server on port {} exited at start ({status}); is the port taken?",
+                        self.port
+                    ),
+                ));
+            }
+            if ping(self.port).is_ok() && server_pid(self.port).ok() == Some(pid) {
                 return Ok(());
             }
             thread::sleep(Duration::from_millis(20));
@@ -180,6 +224,32 @@ pub fn ping(port: u16) -> io::Result<()> {
         Ok(())
     } else {
         Err(io::Error::other("unexpected reply to PING"))
+    }
+}
+
+/// The process id of the server answering on `port` (`INFO server`).
+fn server_pid(port: u16) -> io::Result<u32> {
+    let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
+    stream.set_read_timeout(Some(Duration::from_millis(500)))?;
+    stream.write_all(b"INFO server\r\n")?;
+    // A bulk string holding `process_id:<pid>\r\n` among other lines: read
+    // until that line is whole.
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&reply);
+        if let Some((_, rest)) = text.split_once("process_id:") {
+            if let Some((pid, _)) = rest.split_once("\r\n") {
+                return pid
+                    .parse()
+                    .map_err(|e| io::Error::other(format!("process_id on port {port}: {e}")));
+            }
+        }
+        let read = stream.read(&mut chunk)?;
+        if read == 0 {
+            return Err(io::Error::other(format!("no process_id from port {port}")));
+        }
+        reply.extend_from_slice(&chunk[..read]);
     }
 }
 
@@ -270,4 +340,32 @@ pub fn db_size(port: u16) -> io::Result<u64> {
         .trim()
         .parse()
         .map_err(|e| io::Error::other(format!("DBSIZE on port {port}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The clash that made another test's server answer this one's PING
+    /// (and its kill end this one's Redis mid-test): a server started on a
+    /// port another server holds is refused, and `start` moves on to
+    /// another port.
+    #[test]
+    fn a_server_never_takes_another_servers_port_for_its_own() {
+        let first = RedisServer::start().expect("redis-server");
+        let mut clash = RedisServer {
+            port: first.port(),
+            child: None,
+            extra_args: Vec::new(),
+            dir: TempDir::new("redis-clash").expect("temp dir"),
+        };
+        let refused = clash.restart().expect_err("started on a taken port");
+        assert_eq!(refused.kind(), io::ErrorKind::AddrInUse, "{refused}");
+        assert_eq!(clash.pid(), None);
+
+        let second = RedisServer::start().expect("redis-server");
+        assert_ne!(second.port(), first.port());
+        assert_eq!(server_pid(second.port()).ok(), second.pid());
+        assert_eq!(server_pid(first.port()).ok(), first.pid());
+    }
 }
