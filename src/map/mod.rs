@@ -69,9 +69,9 @@ impl<K> Map<K> {
         self.raw.held()
     }
 
-    /// Pins the current thread, for this map.
-    #[inline]
-    pub(crate) fn pin(&self) -> Pinned<'_, K> {
+    /// Pins the current thread, for reading this map's size only: no
+    /// repair after a fork (see [`Map::pin`]).
+    fn pin_to_measure(&self) -> Pinned<'_, K> {
         Pinned {
             raw: &self.raw,
             guard: pin::pin(),
@@ -81,6 +81,19 @@ impl<K> Map<K> {
     #[inline]
     pub(crate) fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
         self.raw.hash(key)
+    }
+}
+
+impl<K: Hash + Eq> Map<K> {
+    /// Pins the current thread, for this map. In a forked child, the first
+    /// pin repairs what the parent's other threads left half done (see
+    /// `raw::after_fork`; no fork under loom).
+    #[inline]
+    pub(crate) fn pin(&self) -> Pinned<'_, K> {
+        let pinned = self.pin_to_measure();
+        #[cfg(not(turnstile_loom))]
+        self.raw.after_fork(&pinned.guard);
+        pinned
     }
 }
 
@@ -101,7 +114,6 @@ impl<K> Drop for Map<K> {
 /// are fixed): what a model reads to stage its keys in one stripe or two.
 #[cfg(turnstile_loom)]
 pub(crate) fn loom_stripe<Q: Hash + ?Sized>(key: &Q) -> usize {
-    use std::hash::BuildHasher;
     inflight::stripe_index(new_hasher().hash_one(key))
 }
 
@@ -122,7 +134,7 @@ impl<K> fmt::Debug for Map<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Map")
             .field("held", &self.held())
-            .field("capacity", &self.pin().capacity())
+            .field("capacity", &self.pin_to_measure().capacity())
             .finish_non_exhaustive()
     }
 }

@@ -522,8 +522,19 @@ impl Drop for Guard {
 
 /// Forks this process is a child of (0 off Linux, and under Miri and
 /// loom, where no child handler is installed): see `fork`.
+#[cfg_attr(turnstile_loom, allow(dead_code))]
 pub(crate) fn forks() -> u64 {
     fork::forks()
+}
+
+/// Whether the thread that forked this process was pinned when it forked
+/// (inside an operation on some map: a key's `Hash` or `Drop`, or a clock,
+/// that forks): then a map's state may hold that thread's own work in
+/// progress, which it finishes itself, and no map repairs what vanished
+/// threads left (`map::raw::after_fork`). False when no fork was counted.
+#[cfg_attr(turnstile_loom, allow(dead_code))]
+pub(crate) fn pinned_at_fork() -> bool {
+    fork::pinned_at_fork()
 }
 
 /// Frees what retired tables no reader holds, if there are any.

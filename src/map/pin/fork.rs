@@ -168,10 +168,26 @@ mod handled {
         FORKS.load(Ordering::Relaxed)
     }
 
+    /// Whether the forking thread was pinned at the last fork: see
+    /// `pin::pinned_at_fork`.
+    static PINNED_AT_FORK: AtomicBool = AtomicBool::new(false);
+
+    /// See [`PINNED_AT_FORK`].
+    pub(in super::super) fn pinned_at_fork() -> bool {
+        // Relaxed: as `forks`.
+        PINNED_AT_FORK.load(Ordering::Relaxed)
+    }
+
     /// The child handler (see the module docs).
     extern "C" fn in_child() {
         FORKS.fetch_add(1, Ordering::Relaxed);
         let own = [LOCAL_RECORD.with(Cell::get), EXITING_RECORD.with(Cell::get)];
+        // SAFETY: `own` are this thread's records (or null), which the
+        // domain never frees; their `depth` is this thread's to read.
+        let pinned = own
+            .iter()
+            .any(|&record| unsafe { record.as_ref() }.is_some_and(|r| r.depth.get() > 0));
+        PINNED_AT_FORK.store(pinned, Ordering::Relaxed);
         let holds_batches = HOLDS_BATCHES.with(Cell::get);
         // SAFETY: called by `fork` in the child, whose only thread is this
         // one; `own` and `holds_batches` are this thread's state.
@@ -253,8 +269,15 @@ mod unhandled {
     pub(in super::super) fn install() {}
 
     /// No fork is ever counted without a child handler.
+    #[cfg_attr(turnstile_loom, allow(dead_code))]
     pub(in super::super) fn forks() -> u64 {
         0
+    }
+
+    /// No fork, so no thread pinned at one.
+    #[cfg_attr(turnstile_loom, allow(dead_code))]
+    pub(in super::super) fn pinned_at_fork() -> bool {
+        false
     }
 
     pub(in super::super) fn note_local(_: &'static Record) {}

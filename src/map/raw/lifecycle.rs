@@ -118,6 +118,15 @@ impl Cell {
             .is_ok()
     }
 
+    /// BUSY → COPIED|FROZEN: a slot whose claimer vanished in a fork
+    /// before publishing it (`super::after_fork`). Its key may be half
+    /// written, so the slot must own none; every walk passes over this
+    /// word. Only the repairing thread touches the map then: a store.
+    #[cfg(not(turnstile_loom))]
+    pub(crate) fn orphan(&self) {
+        self.word.store(COPIED | FROZEN, Ordering::Relaxed);
+    }
+
     /// Whether the table that holds this cell owns its key: the key was
     /// published and did not move to a successor. For dropping a table
     /// (`&mut` access: no other thread is left).

@@ -402,43 +402,61 @@ impl<K: Hash + Eq> RawMap<K> {
         // retires the table.
         let migrated = t.counters.migrated.fetch_add(end - start, Ordering::AcqRel) + (end - start);
         if migrated == t.capacity() {
-            // Every copy has landed (AcqRel above): give back the room held
-            // for the buckets that died instead of moving. Never more than
-            // was held, so `occupied` cannot wrap into its CLOSED bit.
-            let copied = n.counters.copied.load(Ordering::Relaxed);
-            let unused = n.reserved_for_copies.saturating_sub(copied);
-            if copied > 0 && n.occupied() > n.reserved_for_copies {
-                probe!(SUCCESSOR_TOOK_COPIES_AND_INSERTS);
-            }
-            n.counters.occupied.fetch_sub(unused, Ordering::Relaxed);
-            // Every slot is frozen and its bucket copied or left behind: the
-            // successor holds every live bucket. Release: publishes it.
-            let swung =
-                self.root
-                    .compare_exchange(table, next, Ordering::AcqRel, Ordering::Acquire, guard);
-            // A successor is only ever installed on the root (see
-            // `start_migration`'s callers), so the swing succeeds; were it
-            // ever to fail, leaking the table beats freeing a live one.
-            debug_assert!(swung.is_ok(), "only the root is ever migrated");
-            if swung.is_ok() {
-                #[cfg(turnstile_loom)]
-                if t.copiers.lock().unwrap().first() != Some(&loom::thread::current().id()) {
-                    probe!(ROOT_SWUNG_BY_HELPER);
-                }
-                // SAFETY: the table is unreachable from the root now, so
-                // no pin that starts later can load it; threads that loaded
-                // it earlier are pinned, and it is freed only after they
-                // unpin (see `pin`). It drops only the keys it still owns
-                // (dead ones); copied keys are the successor's, and every
-                // map's `K` is `Send`.
-                unsafe { crate::map::pin::retire(table.as_raw().cast_mut()) };
-                probe!(TABLE_RETIRED);
-            }
+            self.end_migration(table, next, guard);
         }
         if let Some(panic) = panicked {
             resume_unwind(panic);
         }
         evicted
+    }
+
+    /// The end of the migration of `table` into `next`, by the thread that
+    /// migrated its last slot: gives back the room held for copies that
+    /// did not come, swings the root and retires `table`.
+    pub(super) fn end_migration(
+        &self,
+        table: Shared<'_, Table<K>>,
+        next: Shared<'_, Table<K>>,
+        guard: &Guard,
+    ) {
+        // SAFETY: as in `find`.
+        let n = unsafe { next.deref() };
+        // Every copy has landed: give back the room held for the buckets
+        // that died instead of moving. Never more than was held, so
+        // `occupied` cannot wrap into its CLOSED bit.
+        let copied = n.counters.copied.load(Ordering::Relaxed);
+        let unused = n.reserved_for_copies.saturating_sub(copied);
+        if copied > 0 && n.occupied() > n.reserved_for_copies {
+            probe!(SUCCESSOR_TOOK_COPIES_AND_INSERTS);
+        }
+        n.counters.occupied.fetch_sub(unused, Ordering::Relaxed);
+        // Every slot is frozen and its bucket copied or left behind: the
+        // successor holds every live bucket. Release: publishes it.
+        let swung =
+            self.root
+                .compare_exchange(table, next, Ordering::AcqRel, Ordering::Acquire, guard);
+        // A successor is only ever installed on the root (see
+        // `start_migration`'s callers), so the swing succeeds; were it
+        // ever to fail, leaking the table beats freeing a live one.
+        debug_assert!(swung.is_ok(), "only the root is ever migrated");
+        if swung.is_ok() {
+            #[cfg(turnstile_loom)]
+            {
+                // SAFETY: as in `find`.
+                let t = unsafe { table.deref() };
+                if t.copiers.lock().unwrap().first() != Some(&loom::thread::current().id()) {
+                    probe!(ROOT_SWUNG_BY_HELPER);
+                }
+            }
+            // SAFETY: the table is unreachable from the root now, so no
+            // pin that starts later can load it; threads that loaded it
+            // earlier are pinned, and it is freed only after they unpin
+            // (see `pin`). It drops only the keys it still owns (dead
+            // ones); copied keys are the successor's, and every map's `K`
+            // is `Send`.
+            unsafe { crate::map::pin::retire(table.as_raw().cast_mut()) };
+            probe!(TABLE_RETIRED);
+        }
     }
 
     /// Evicts the bucket in `slot` if it is idle, freezes the slot and
@@ -484,7 +502,10 @@ impl<K: Hash + Eq> RawMap<K> {
                         };
                     }
                 }
-                (Seen::Live(_) | Seen::Copying | Seen::Copied | Seen::Dead, true) => {
+                // A slot a vanished thread held BUSY, orphaned by a forked
+                // child's repair (`super::after_fork`): it owns no key.
+                (Seen::Copied, true) => return Moved::Dropped,
+                (Seen::Live(_) | Seen::Copying | Seen::Dead, true) => {
                     debug_assert!(false, "a filled slot frozen by another thread");
                     return Moved::Dropped;
                 }

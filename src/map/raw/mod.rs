@@ -41,6 +41,8 @@
 //!   bound.
 //! - [`prefetch`]: cache hints for batches and the eviction window.
 //! - [`huge_pages`]: large tables advised to the kernel for 2 MiB pages.
+//! - `after_fork`: a forked child's repair of what the parent's other
+//!   threads left half done.
 //!
 //! # Orderings
 //!
@@ -62,6 +64,8 @@
 //! - **`migrated`** is `AcqRel`: the thread that brings it to the capacity
 //!   retires the table, so it must see every other chunk's copies first.
 
+#[cfg(not(turnstile_loom))]
+mod after_fork;
 mod chain;
 mod evict;
 #[cfg(not(turnstile_loom))]
@@ -108,6 +112,9 @@ pub(crate) struct RawMap<K> {
     hasher: ahash::RandomState,
     /// Inserts announced and not yet finished (see `super::inflight`).
     pub(crate) inflight: InFlight,
+    /// Which fork's process the tables belong to (see `after_fork`).
+    #[cfg(not(turnstile_loom))]
+    fork_note: after_fork::ForkNote,
     /// Slots a thread claims and copies at a time in a migration:
     /// [`MIGRATION_CHUNK`] but in tests that run the map's races at other
     /// sizes (`__private::MigrationChunk`).
@@ -125,6 +132,8 @@ impl<K> RawMap<K> {
             len: CachePadded::new(AtomicUsize::new(0)),
             hasher,
             inflight: InFlight::new(),
+            #[cfg(not(turnstile_loom))]
+            fork_note: after_fork::ForkNote::new(),
             chunk: MIGRATION_CHUNK,
         }
     }

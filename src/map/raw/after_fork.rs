@@ -1,0 +1,335 @@
+//! After a fork: the map's own repair of what the parent's other threads
+//! left half done.
+//!
+//! `fork` copies the address space but only the calling thread. A thread
+//! of the parent may have been anywhere in the map's protocol, and in the
+//! child it never moves on: a migration chunk it claimed is never
+//! finished, so no insert that needs the successor ever returns (it waits
+//! for the claimers, `successor`); a slot it held BUSY (an insert or a
+//! copy between its claim and its publish) or COPYING (a copy under way)
+//! is waited on forever by every insert and copy whose chain passes it.
+//! `map::pin::fork` and `map::inflight` clear what such threads held of
+//! the pin and of the stripes; this clears what they held of the tables.
+//!
+//! **When.** The child's first operation on a map repairs it before any
+//! other of the child's operations touches it: [`RawMap::after_fork`]
+//! compares the map's note with the process's fork count (one load and a
+//! compare otherwise), and the thread that wins the note repairs while the
+//! others wait. At that moment nothing else moves in the map: every thread
+//! that ever touched it vanished in the fork, and the forking thread was
+//! not inside an operation (if it was, `pin::pinned_at_fork`, a key's
+//! `Hash`, `Eq` or `Drop` or a clock that forked, its own work in
+//! progress cannot be told apart from the vanished threads', and nothing
+//! is repaired: that child may still wait forever).
+//!
+//! **What.** In order, in the root and its successor:
+//! 1. A BUSY slot is an insert or a copy whose thread vanished after its
+//!    claim: its key may be half written, so it is never read, published
+//!    or dropped. It becomes COPIED|FROZEN, the one word that owns no key
+//!    and that every walk passes over. (The insert's place in `len` stays
+//!    taken, as `map::inflight` says of inserts in flight.)
+//! 2. A COPYING slot of the root is a copy whose copier vanished. If the
+//!    successor holds the key published, the copy landed: the slot is
+//!    marked COPIED. Otherwise its state went with the copier (COPYING
+//!    keeps none), so the bucket is buried, as a bucket whose `Hash`
+//!    panicked is: lost, as if evicted.
+//! 3. Every slot of the chunks handed out so far is migrated again: those
+//!    already migrated are left as they are, the rest are migrated as a
+//!    chunk's claimer would. `migrated` then counts them all, and if that
+//!    was the whole table the migration ends here (the root swings).
+//!
+//! A key's `Hash` or `Eq` that panics during the repair loses its bucket
+//! (buried, as in a migration) and the repair goes on; the panic is
+//! resumed after the note is written, so no other thread waits on it.
+
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering as StdOrdering};
+
+use super::chain::Chain;
+use super::slot::Slot;
+use super::table::Table;
+use super::RawMap;
+use crate::cell::Seen;
+use crate::map::pin::Guard;
+use crate::sync::Ordering;
+
+/// Set in a map's fork note while a thread repairs it.
+const REPAIRING: u64 = 1 << 63;
+
+/// Which fork's process a map's tables belong to (see the module docs).
+pub(crate) struct ForkNote {
+    forks: AtomicU64,
+}
+
+impl ForkNote {
+    pub(super) fn new() -> Self {
+        ForkNote {
+            forks: AtomicU64::new(crate::map::pin::forks()),
+        }
+    }
+}
+
+thread_local! {
+    /// Whether this thread is repairing a map: a key's `Hash` or `Eq` that
+    /// uses the map during the repair goes on without waiting for itself.
+    static REPAIRING_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl<K: std::hash::Hash + Eq> RawMap<K> {
+    /// Repairs the map if this is a forked child's first operation on it
+    /// (see the module docs); one load and a compare otherwise.
+    #[inline]
+    pub(crate) fn after_fork(&self, guard: &Guard) {
+        let forks = crate::map::pin::forks();
+        // Acquire: pairs with the repair's Release below.
+        if self.fork_note.forks.load(StdOrdering::Acquire) != forks {
+            self.repair_after_fork(forks, guard);
+        }
+    }
+
+    #[cold]
+    fn repair_after_fork(&self, forks: u64, guard: &Guard) {
+        if REPAIRING_HERE.with(std::cell::Cell::get) {
+            return;
+        }
+        // Marked with this process's fork count: a repair that a later fork
+        // cut short (its thread gone in the grandchild) is taken over.
+        let repairing = forks | REPAIRING;
+        let note = &self.fork_note.forks;
+        let mut attempt = 0;
+        loop {
+            let noted = note.load(StdOrdering::Acquire);
+            if noted == forks {
+                return;
+            }
+            if noted != repairing
+                && note
+                    .compare_exchange(noted, repairing, StdOrdering::Acquire, StdOrdering::Acquire)
+                    .is_ok()
+            {
+                let mut panicked = None;
+                if !crate::map::pin::pinned_at_fork() {
+                    REPAIRING_HERE.with(|here| here.set(true));
+                    panicked = self.repair(guard);
+                    REPAIRING_HERE.with(|here| here.set(false));
+                }
+                // Release: an operation that sees the new note sees the
+                // repaired tables.
+                note.store(forks, StdOrdering::Release);
+                if let Some(panic) = panicked {
+                    resume_unwind(panic);
+                }
+                return;
+            }
+            crate::sync::wait_briefly(&mut attempt);
+        }
+    }
+
+    /// Steps 1 to 3 of the module docs, by the one thread that touches the
+    /// map; returns the first panic of a key's code, to resume later.
+    pub(super) fn repair(&self, guard: &Guard) -> Option<Box<dyn std::any::Any + Send>> {
+        let root = self.root.load(Ordering::Acquire, guard);
+        // SAFETY: as in `find`.
+        let t = unsafe { root.deref() };
+        let next = t.next.load(Ordering::Acquire, guard);
+        // SAFETY: as in `find`; a successor is never reset.
+        let n = unsafe { next.as_ref() };
+        for table in std::iter::once(t).chain(n) {
+            for slot in table.slots.iter() {
+                if slot.cell.word() == crate::cell::BUSY {
+                    slot.cell.orphan();
+                }
+            }
+        }
+        let n = n?;
+        let mut panicked = None;
+        for slot in t.slots.iter() {
+            if Seen::of(slot.cell.word()).0 == Seen::Copying {
+                let landed = catch_unwind(AssertUnwindSafe(|| self.copy_landed(slot, n)))
+                    .unwrap_or_else(|panic| {
+                        panicked.get_or_insert(panic);
+                        false
+                    });
+                if landed {
+                    slot.cell.finish_copy();
+                } else {
+                    slot.cell.abandon_copy();
+                    self.len.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+        let handed_out = t.counters.claimed.load(Ordering::Relaxed).min(t.capacity());
+        for slot in &t.slots[..handed_out] {
+            let moved = catch_unwind(AssertUnwindSafe(|| self.migrate_again(slot, n)));
+            if let Err(panic) = moved {
+                self.settle_panicked(slot);
+                panicked.get_or_insert(panic);
+            }
+        }
+        t.counters.migrated.store(handed_out, Ordering::Relaxed);
+        if handed_out == t.capacity() {
+            self.end_migration(root, next, guard);
+        }
+        panicked
+    }
+
+    /// Whether the successor `next` holds the key of the COPYING `slot`
+    /// published: its copier placed the copy before it vanished. (No
+    /// other bucket for the key can be there: an insert that meets its
+    /// key COPYING waits for the copy.)
+    fn copy_landed(&self, slot: &Slot<K>, next: &Table<K>) -> bool {
+        // SAFETY: a COPYING word has a published key; the guard keeps both
+        // tables alive.
+        let key = unsafe { slot.key() };
+        let hash = self.hasher.hash_one(key);
+        for other in Chain::new(next, hash) {
+            match Seen::of(other.cell.word()).0 {
+                Seen::Empty => return false,
+                // SAFETY: a published word, as in `find`.
+                Seen::Live(_) | Seen::Copying | Seen::Dead if unsafe { other.key_is(key) } => {
+                    return true;
+                }
+                _ => {}
+            }
+        }
+        false
+    }
+
+    /// Migrates `slot` of the root into `next` unless it is migrated
+    /// already (frozen empty, dead or copied); a frozen live bucket, which
+    /// its vanished claimer froze but did not copy, is copied.
+    fn migrate_again(&self, slot: &Slot<K>, next: &Table<K>) {
+        match Seen::of(slot.cell.word()) {
+            (Seen::Live(state), true) => {
+                // SAFETY: a live word: its key is published.
+                let hash = unsafe { slot.hash_with(&self.hasher) };
+                let _ = self.move_bucket(slot, next, state, hash);
+            }
+            (_, true) => {}
+            (_, false) => {
+                let _ = self.migrate_slot(slot, next, &|_| false);
+            }
+        }
+    }
+}
+
+/// Each half-done state a vanished thread can leave, staged by hand on one
+/// thread (as the child's repairing thread finds them), then repaired.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cell::{COPIED, FROZEN};
+    use crate::map::pin::pin;
+
+    fn never_idle(_: u64) -> bool {
+        false
+    }
+
+    /// A map holding keys `0..8`, each with state `key + 1`.
+    fn map_of_eight() -> RawMap<u64> {
+        let map = RawMap::new(ahash::RandomState::with_seeds(1, 2, 3, 4), 1_000);
+        let guard = pin();
+        for key in 0..8u64 {
+            assert!(map.try_reserve(usize::MAX));
+            let (_, inserted) = map.insert(
+                map.hash(&key),
+                &key,
+                || key,
+                || key + 1,
+                &never_idle,
+                &guard,
+            );
+            assert!(inserted);
+        }
+        map
+    }
+
+    /// `key`'s slot in the root, and its state.
+    fn slot_of<'g>(map: &RawMap<u64>, key: u64, guard: &'g Guard) -> (&'g Slot<u64>, u64) {
+        let slot = map.find(map.hash(&key), &key, guard).expect("the key");
+        (slot, slot.cell.state().expect("live"))
+    }
+
+    #[test]
+    fn a_migration_left_half_done_is_finished_with_every_bucket_but_an_unplaced_copy() {
+        let map = map_of_eight();
+        let guard = pin();
+        let root = map.root.load(Ordering::Acquire, &guard);
+        let next = map.start_migration(root, &guard);
+        // SAFETY: both tables are alive under `guard`.
+        let (t, n) = unsafe { (root.deref(), next.deref()) };
+        // A vanished thread claimed the whole table as one chunk, and:
+        t.counters
+            .claimed
+            .fetch_add(t.capacity(), Ordering::Relaxed);
+        // key 1: copied, its COPIED mark not yet written;
+        let (slot, state) = slot_of(&map, 1, &guard);
+        assert!(slot.cell.freeze(slot.cell.word()) && slot.cell.start_copy(state));
+        // SAFETY: the word was live; both tables are alive.
+        assert!(unsafe { n.place_copy(slot, state, map.hash(&1u64)) });
+        // key 2: its copy won, not yet placed (its state went with it);
+        let (slot, state) = slot_of(&map, 2, &guard);
+        assert!(slot.cell.freeze(slot.cell.word()) && slot.cell.start_copy(state));
+        // key 3: frozen, not yet copied;
+        let (slot, _) = slot_of(&map, 3, &guard);
+        assert!(slot.cell.freeze(slot.cell.word()));
+        // and an insert into the successor claimed a slot, not published.
+        let busy = n
+            .slots
+            .iter()
+            .find(|slot| slot.cell.claim_empty())
+            .expect("an empty slot");
+
+        assert!(map.repair(&guard).is_none());
+
+        assert_eq!(
+            map.root.load(Ordering::Acquire, &guard),
+            next,
+            "the migration ended"
+        );
+        assert_eq!(busy.cell.word(), COPIED | FROZEN, "the orphan owns no key");
+        for key in (0..8u64).filter(|&key| key != 2) {
+            assert_eq!(slot_of(&map, key, &guard).1, key + 1, "key {key}");
+        }
+        assert!(map.find(map.hash(&2u64), &2u64, &guard).is_none());
+        assert_eq!(map.held(), 7);
+        // The map goes on: inserts through further migrations, each key
+        // once.
+        for key in 100..400u64 {
+            assert!(map.try_reserve(usize::MAX));
+            let (_, inserted) =
+                map.insert(map.hash(&key), &key, || key, || key, &never_idle, &guard);
+            assert!(inserted);
+        }
+        assert_eq!(map.held(), 307);
+        assert_eq!(slot_of(&map, 3, &guard).1, 4);
+    }
+
+    #[test]
+    fn a_slot_claimed_by_a_vanished_insert_no_longer_blocks_inserts() {
+        let map = map_of_eight();
+        let guard = pin();
+        // SAFETY: the root is alive under `guard`.
+        let t = unsafe { map.root.load(Ordering::Acquire, &guard).deref() };
+        // Every empty slot claimed and left BUSY: an insert of a new key
+        // would wait on the first one of its chain forever.
+        let orphans = t
+            .slots
+            .iter()
+            .filter(|slot| slot.cell.claim_empty())
+            .count();
+        assert!(orphans > 0);
+
+        assert!(map.repair(&guard).is_none());
+
+        for key in 100..200u64 {
+            assert!(map.try_reserve(usize::MAX));
+            let (_, inserted) =
+                map.insert(map.hash(&key), &key, || key, || key, &never_idle, &guard);
+            assert!(inserted);
+        }
+        for key in 0..8u64 {
+            assert_eq!(slot_of(&map, key, &guard).1, key + 1);
+        }
+    }
+}
