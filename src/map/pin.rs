@@ -523,6 +523,7 @@ impl Drop for Guard {
 /// Forks this process is a child of (0 off Linux, and under Miri and
 /// loom, where no child handler is installed): see `fork`.
 #[cfg_attr(turnstile_loom, allow(dead_code))]
+#[inline]
 pub(crate) fn forks() -> u64 {
     fork::forks()
 }

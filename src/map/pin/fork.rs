@@ -162,6 +162,7 @@ mod handled {
     static FORKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
     /// See [`FORKS`].
+    #[inline]
     pub(in super::super) fn forks() -> u64 {
         // Relaxed: the child handler wrote it before the child's code ran
         // again, on the one thread that then existed.
@@ -270,6 +271,7 @@ mod unhandled {
 
     /// No fork is ever counted without a child handler.
     #[cfg_attr(turnstile_loom, allow(dead_code))]
+    #[inline]
     pub(in super::super) fn forks() -> u64 {
         0
     }

@@ -79,16 +79,16 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
     /// Repairs the map if this is a forked child's first operation on it
     /// (see the module docs); one load and a compare otherwise.
     #[inline]
-    pub(crate) fn after_fork(&self, guard: &Guard) {
+    pub(crate) fn after_fork(&self) {
         let forks = crate::map::pin::forks();
         // Acquire: pairs with the repair's Release below.
         if self.fork_note.forks.load(StdOrdering::Acquire) != forks {
-            self.repair_after_fork(forks, guard);
+            self.repair_after_fork(forks);
         }
     }
 
     #[cold]
-    fn repair_after_fork(&self, forks: u64, guard: &Guard) {
+    fn repair_after_fork(&self, forks: u64) {
         if REPAIRING_HERE.with(std::cell::Cell::get) {
             return;
         }
@@ -110,7 +110,7 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
                 let mut panicked = None;
                 if !crate::map::pin::pinned_at_fork() {
                     REPAIRING_HERE.with(|here| here.set(true));
-                    panicked = self.repair(guard);
+                    panicked = self.repair(&crate::map::pin::pin());
                     REPAIRING_HERE.with(|here| here.set(false));
                 }
                 // Release: an operation that sees the new note sees the
