@@ -108,14 +108,18 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
                     .is_ok()
             {
                 let mut panicked = None;
+                // Unpinned only after the note is written: an unpin may free
+                // retired tables, whose keys' `Drop` may panic.
+                let guard = crate::map::pin::pin();
                 if !crate::map::pin::pinned_at_fork() {
                     REPAIRING_HERE.with(|here| here.set(true));
-                    panicked = self.repair(&crate::map::pin::pin());
+                    panicked = self.repair(&guard);
                     REPAIRING_HERE.with(|here| here.set(false));
                 }
                 // Release: an operation that sees the new note sees the
                 // repaired tables.
                 note.store(forks, StdOrdering::Release);
+                drop(guard);
                 if let Some(panic) = panicked {
                     resume_unwind(panic);
                 }
