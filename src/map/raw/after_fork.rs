@@ -207,11 +207,13 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
             (Seen::Live(state), true) => {
                 // SAFETY: a live word: its key is published.
                 let hash = unsafe { slot.hash_with(&self.hasher) };
-                let _ = self.move_bucket(slot, next, state, hash);
+                let _ = self.move_bucket(slot, next, state, hash, None);
             }
             (_, true) => {}
             (_, false) => {
-                let _ = self.migrate_slot(slot, next, &|_| false);
+                let mut copies = 0;
+                let _ = self.migrate_slot(slot, next, &|_| false, &mut copies);
+                next.counters.copied.fetch_add(copies, Ordering::Relaxed);
             }
         }
     }

@@ -105,7 +105,7 @@ impl<K: Hash + Eq> RawMap<K> {
                 // SAFETY: checked non-null; the successor is retired only
                 // through the pin, which waits for `guard`'s.
                 if let Some(next) = unsafe { next.as_ref() } {
-                    if self.move_bucket(slot, next, state, hash) == Move::CopiedHere {
+                    if self.move_bucket(slot, next, state, hash, None) == Move::CopiedHere {
                         probe!(COPIED_BY_READER);
                     }
                 }
@@ -125,12 +125,20 @@ impl<K: Hash + Eq> RawMap<K> {
     /// its `Eq` behaves. The winner places the copy and marks the slot
     /// COPIED, with no code of the key's in between; a loser waits for that
     /// mark. Returns how the move ended, as this thread saw it.
+    ///
+    /// A copy placed here is counted in `next`'s `copied` before the COPIED
+    /// mark, or, for a migration's chunk, in `chunk_copies`, which the
+    /// chunk adds to `copied` once before it counts as migrated: one write
+    /// of the successor's counters a chunk instead of one a bucket (inserts
+    /// into the successor write the same line). Either way the copy is
+    /// counted before the migration can end and read the count.
     pub(super) fn move_bucket(
         &self,
         slot: &Slot<K>,
         next: &Table<K>,
         state: u64,
         hash: u64,
+        chunk_copies: Option<&mut usize>,
     ) -> Move {
         if !slot.cell.start_copy(state) {
             // Another thread won the copy, or buried the bucket.
@@ -148,6 +156,14 @@ impl<K: Hash + Eq> RawMap<K> {
         // SAFETY: the word was live before this thread froze or won it: the
         // key is published; the caller's guard keeps both tables alive.
         if unsafe { next.place_copy(slot, state, hash) } {
+            // Its slot was reserved in `occupied` when `next` was made
+            // (`reserved_for_copies`).
+            match chunk_copies {
+                Some(copies) => *copies += 1,
+                None => {
+                    next.counters.copied.fetch_add(1, Ordering::Relaxed);
+                }
+            }
             slot.cell.finish_copy();
             Move::CopiedHere
         } else {
@@ -383,12 +399,15 @@ impl<K: Hash + Eq> RawMap<K> {
             }
         }
         let mut evicted = 0;
+        let mut copies = 0;
         let mut panicked = None;
         for slot in &t.slots[start..end] {
             // A key's `Hash` or `Eq` may panic while its bucket is frozen:
             // the bucket is lost (as if evicted), the chunk is finished so
             // the migration can still end, and the panic goes on after.
-            let moved = catch_unwind(AssertUnwindSafe(|| self.migrate_slot(slot, n, idle)));
+            let moved = catch_unwind(AssertUnwindSafe(|| {
+                self.migrate_slot(slot, n, idle, &mut copies)
+            }));
             match moved {
                 Ok(Moved::Evicted) => evicted += 1,
                 Ok(_) => {}
@@ -398,8 +417,11 @@ impl<K: Hash + Eq> RawMap<K> {
                 }
             }
         }
-        // AcqRel: the finisher must see every other chunk's copies before it
-        // retires the table.
+        if copies > 0 {
+            n.counters.copied.fetch_add(copies, Ordering::Relaxed);
+        }
+        // AcqRel: the finisher must see every other chunk's copies (and
+        // their count) before it retires the table.
         let migrated = t.counters.migrated.fetch_add(end - start, Ordering::AcqRel) + (end - start);
         if migrated == t.capacity() {
             self.end_migration(table, next, guard);
@@ -461,8 +483,14 @@ impl<K: Hash + Eq> RawMap<K> {
 
     /// Evicts the bucket in `slot` if it is idle, freezes the slot and
     /// copies a live bucket on (this thread owns the slot's migration: it
-    /// claimed the chunk).
-    pub(super) fn migrate_slot(&self, slot: &Slot<K>, next: &Table<K>, idle: &impl Idle) -> Moved {
+    /// claimed the chunk), counting a copy it places in `copies`.
+    pub(super) fn migrate_slot(
+        &self,
+        slot: &Slot<K>,
+        next: &Table<K>,
+        idle: &impl Idle,
+        copies: &mut usize,
+    ) -> Moved {
         let mut evicted = false;
         let mut waited = 0;
         // Only the claimer freezes a filled slot, so this loop ends once
@@ -518,7 +546,7 @@ impl<K: Hash + Eq> RawMap<K> {
         // caller's) keeps both tables alive.
         let hash = unsafe { slot.hash_with(&self.hasher) };
         // A reader that met the bucket frozen may have copied it already.
-        match self.move_bucket(slot, next, state, hash) {
+        match self.move_bucket(slot, next, state, hash, Some(copies)) {
             Move::CopiedHere | Move::CopiedByAnother => Moved::Copied,
             Move::Lost => Moved::Dropped,
         }
@@ -553,9 +581,6 @@ impl<K> Table<K> {
                         // the caller's contract.
                         unsafe { slot.copy_key(from) };
                         slot.cell.publish(state);
-                        // Its slot was reserved in `occupied` when this
-                        // table was made (`reserved_for_copies`).
-                        self.counters.copied.fetch_add(1, Ordering::Relaxed);
                         return true;
                     }
                     continue;
