@@ -42,8 +42,8 @@ impl Hash for Slow {
 }
 
 /// The child inserts new keys through several migrations, and the keys
-/// of the parent, the parked one (in the abandoned chunk) among them, keep
-/// their state: each had one of its three tokens taken.
+/// of the parent, the parked one (frozen in the abandoned chunk) among
+/// them, keep their state: each had one of its three tokens taken.
 #[test]
 fn a_child_forked_during_a_migration_inserts_new_keys() {
     let limiter = Arc::new(

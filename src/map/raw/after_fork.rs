@@ -212,7 +212,7 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
             (_, true) => {}
             (_, false) => {
                 let mut copies = 0;
-                let _ = self.migrate_slot(slot, next, &|_| false, None, &mut copies);
+                let _ = self.migrate_slot(slot, next, &|_| false, &mut copies);
                 next.counters.copied.fetch_add(copies, Ordering::Relaxed);
             }
         }

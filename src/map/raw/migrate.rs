@@ -40,7 +40,6 @@ use crossbeam_epoch::{Owned, Shared};
 
 use super::chain::Chain;
 use super::evict::Idle;
-use super::prefetch::prefetch;
 use super::slot::Slot;
 use super::table::{capacity_for, Table, MIN_CAPACITY};
 use super::RawMap;
@@ -53,19 +52,6 @@ use crate::sync::{wait_briefly, Ordering};
 /// of a million slots is copied after ~16k steps. One under loom, so that
 /// the models' small tables have several chunks to hand out and race over.
 pub(crate) const MIGRATION_CHUNK: usize = if cfg!(turnstile_loom) { 1 } else { 64 };
-
-/// Slots of a chunk whose keys are hashed, and their successor lines
-/// fetched, before the first of them is copied (`hash_ahead`): enough
-/// misses in flight to fill a core's line-fill buffers.
-const LOOK_AHEAD: usize = 16;
-
-/// What `hash_ahead` found of a slot's key.
-enum Ahead {
-    /// Its hash, or `None` if the slot held no live key then.
-    Hashed(Option<u64>),
-    /// Its `Hash` panicked.
-    Panicked(Box<dyn std::any::Any + Send>),
-}
 
 /// What migrating one slot did.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -207,27 +193,18 @@ impl<K: Hash + Eq> RawMap<K> {
         }
     }
 
-    /// Settles a slot of this thread's migration chunk whose key's `Hash`
-    /// panicked (before the slot was frozen, or while it was), so that the
-    /// chunk can count as migrated: freezes the slot if it is not yet, and
-    /// buries a live bucket (it is lost, as if evicted), unless a reader
-    /// won its copy first, in which case waits for the copy to land as
-    /// `move_bucket`'s losers do. A chunk never counts while one of its
+    /// Settles a slot whose key's `Hash` panicked while this thread's
+    /// migration chunk held it frozen, so that the chunk can count as
+    /// migrated: buries the bucket (it is lost, as if evicted), unless a
+    /// reader won its copy first, in which case waits for the copy to land
+    /// as `move_bucket`'s losers do. A chunk never counts while one of its
     /// slots is COPYING: the root could otherwise swing before the copy
     /// lands, and a check on the new root insert a second bucket for the
     /// key beside it.
     #[cold]
     pub(super) fn settle_panicked(&self, slot: &Slot<K>) {
-        let mut waited = 0;
         loop {
-            let word = slot.cell.word();
-            match Seen::of(word) {
-                (Seen::Busy, _) => wait_briefly(&mut waited),
-                // Not frozen yet (the panic came ahead of the copy): freeze
-                // whatever is there, then settle it.
-                (Seen::Empty | Seen::Live(_) | Seen::Dead, false) => {
-                    let _ = slot.cell.freeze(word);
-                }
+            match Seen::of(slot.cell.word()) {
                 (Seen::Live(state), true) => {
                     if slot.cell.kill_frozen(state) {
                         self.len.fetch_sub(1, Ordering::Relaxed);
@@ -424,25 +401,19 @@ impl<K: Hash + Eq> RawMap<K> {
         let mut evicted = 0;
         let mut copies = 0;
         let mut panicked = None;
-        for window in t.slots[start..end].chunks(LOOK_AHEAD) {
-            let hashes = self.hash_ahead(window, n);
-            for (slot, hash) in window.iter().zip(hashes) {
-                // A key's `Hash` or `Eq` may panic (here or ahead): the
-                // bucket is lost (as if evicted), the chunk is finished so
-                // the migration can still end, and the panic goes on after.
-                let moved = match hash {
-                    Ahead::Panicked(panic) => Err(panic),
-                    Ahead::Hashed(hash) => catch_unwind(AssertUnwindSafe(|| {
-                        self.migrate_slot(slot, n, idle, hash, &mut copies)
-                    })),
-                };
-                match moved {
-                    Ok(Moved::Evicted) => evicted += 1,
-                    Ok(_) => {}
-                    Err(panic) => {
-                        self.settle_panicked(slot);
-                        panicked.get_or_insert(panic);
-                    }
+        for slot in &t.slots[start..end] {
+            // A key's `Hash` or `Eq` may panic while its bucket is frozen:
+            // the bucket is lost (as if evicted), the chunk is finished so
+            // the migration can still end, and the panic goes on after.
+            let moved = catch_unwind(AssertUnwindSafe(|| {
+                self.migrate_slot(slot, n, idle, &mut copies)
+            }));
+            match moved {
+                Ok(Moved::Evicted) => evicted += 1,
+                Ok(_) => {}
+                Err(panic) => {
+                    self.settle_panicked(slot);
+                    panicked.get_or_insert(panic);
                 }
             }
         }
@@ -510,48 +481,14 @@ impl<K: Hash + Eq> RawMap<K> {
         }
     }
 
-    /// The hashes of the live keys of `window` (a stretch of a chunk), and
-    /// their home lines in the successor `next` asked for ahead: a copy
-    /// lands at a random place in the successor, and a migration that
-    /// waits for each of those lines in turn spends most of its time in
-    /// those misses. A key whose `Hash` panics here gets none (its copy
-    /// hashes it again, and settles the panic as in any migration). Not
-    /// under loom: it reads words and keys only, changes nothing, and
-    /// would multiply the interleavings the models explore.
-    fn hash_ahead(&self, window: &[Slot<K>], next: &Table<K>) -> [Ahead; LOOK_AHEAD] {
-        let mut hashes = [const { Ahead::Hashed(None) }; LOOK_AHEAD];
-        if cfg!(turnstile_loom) {
-            return hashes;
-        }
-        for (slot, ahead) in window.iter().zip(&mut hashes) {
-            if let (Seen::Live(_), _) = Seen::of(slot.cell.word()) {
-                // SAFETY: a live word (read with Acquire) has a published
-                // key, immutable from then on; the caller's guard keeps the
-                // table alive.
-                let hashed =
-                    catch_unwind(AssertUnwindSafe(|| unsafe { slot.hash_with(&self.hasher) }));
-                *ahead = match hashed {
-                    Ok(hash) => {
-                        prefetch(std::ptr::from_ref(&next.slots[next.home(hash)]).cast());
-                        Ahead::Hashed(Some(hash))
-                    }
-                    Err(panic) => Ahead::Panicked(panic),
-                };
-            }
-        }
-        hashes
-    }
-
     /// Evicts the bucket in `slot` if it is idle, freezes the slot and
     /// copies a live bucket on (this thread owns the slot's migration: it
-    /// claimed the chunk), counting a copy it places in `copies`. `hash`
-    /// is its key's hash if the caller has it already.
+    /// claimed the chunk), counting a copy it places in `copies`.
     pub(super) fn migrate_slot(
         &self,
         slot: &Slot<K>,
         next: &Table<K>,
         idle: &impl Idle,
-        hash: Option<u64>,
         copies: &mut usize,
     ) -> Moved {
         let mut evicted = false;
@@ -607,7 +544,7 @@ impl<K: Hash + Eq> RawMap<K> {
         };
         // SAFETY: the word was live: the key is published; `guard` (the
         // caller's) keeps both tables alive.
-        let hash = hash.unwrap_or_else(|| unsafe { slot.hash_with(&self.hasher) });
+        let hash = unsafe { slot.hash_with(&self.hasher) };
         // A reader that met the bucket frozen may have copied it already.
         match self.move_bucket(slot, next, state, hash, Some(copies)) {
             Move::CopiedHere | Move::CopiedByAnother => Moved::Copied,
