@@ -33,10 +33,15 @@
 //!    marked COPIED. Otherwise its state went with the copier (COPYING
 //!    keeps none), so the bucket is buried, as a bucket whose `Hash`
 //!    panicked is: lost, as if evicted.
-//! 3. Every slot of the chunks handed out so far is migrated again: those
-//!    already migrated are left as they are, the rest are migrated as a
-//!    chunk's claimer would. `migrated` then counts them all, and if that
-//!    was the whole table the migration ends here (the root swings).
+//! 3. The migration is finished here, by this thread: every slot of the
+//!    root is migrated again (those already migrated are left as they are,
+//!    the rest migrated as a chunk's claimer would), the successor's
+//!    `occupied` is counted again from its filled slots (the vanished
+//!    chunks' copies were never counted, and a vanished finisher may have
+//!    given their room back already), and the root swings. One pass over
+//!    the table, once per map in the child. (A finisher that vanished
+//!    between swinging the root and retiring the old table leaves that
+//!    table unreachable: it is never freed in the child.)
 //!
 //! A key's `Hash` or `Eq` that panics during the repair loses its bucket
 //! (buried, as in a migration) and the repair goes on; the panic is
@@ -162,18 +167,27 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
                 }
             }
         }
-        let handed_out = t.counters.claimed.load(Ordering::Relaxed).min(t.capacity());
-        for slot in &t.slots[..handed_out] {
+        // Every chunk, handed out or not, is this thread's now.
+        t.counters.claimed.store(t.capacity(), Ordering::Relaxed);
+        for slot in t.slots.iter() {
             let moved = catch_unwind(AssertUnwindSafe(|| self.migrate_again(slot, n)));
             if let Err(panic) = moved {
                 self.settle_panicked(slot);
                 panicked.get_or_insert(panic);
             }
         }
-        t.counters.migrated.store(handed_out, Ordering::Relaxed);
-        if handed_out == t.capacity() {
-            self.end_migration(root, next, guard);
-        }
+        t.counters.migrated.store(t.capacity(), Ordering::Relaxed);
+        // The vanished chunks' copies were never added to `copied`, and a
+        // vanished finisher may have given the copies' room back already:
+        // `occupied` is counted again, as what it is once no insert is in
+        // flight (none is: this thread alone runs), the filled slots.
+        let filled = n
+            .slots
+            .iter()
+            .filter(|slot| !matches!(Seen::of(slot.cell.word()), (Seen::Empty, _)))
+            .count();
+        n.counters.occupied.store(filled, Ordering::Relaxed);
+        self.swing_root(root, next, guard);
         panicked
     }
 
@@ -264,10 +278,11 @@ mod tests {
         let next = map.start_migration(root, &guard);
         // SAFETY: both tables are alive under `guard`.
         let (t, n) = unsafe { (root.deref(), next.deref()) };
-        // A vanished thread claimed the whole table as one chunk, and:
+        // The migration had handed out half the table (the repair finishes
+        // both halves), and vanished threads had left:
         t.counters
             .claimed
-            .fetch_add(t.capacity(), Ordering::Relaxed);
+            .fetch_add(t.capacity() / 2, Ordering::Relaxed);
         // key 1: copied, its COPIED mark not yet written;
         let (slot, state) = slot_of(&map, 1, &guard);
         assert!(slot.cell.freeze(slot.cell.word()) && slot.cell.start_copy(state));
@@ -294,6 +309,12 @@ mod tests {
             "the migration ended"
         );
         assert_eq!(busy.cell.word(), COPIED | FROZEN, "the orphan owns no key");
+        let filled = n
+            .slots
+            .iter()
+            .filter(|slot| !matches!(Seen::of(slot.cell.word()), (Seen::Empty, _)))
+            .count();
+        assert_eq!(n.occupied(), filled, "occupied counts the filled slots");
         for key in (0..8u64).filter(|&key| key != 2) {
             assert_eq!(slot_of(&map, key, &guard).1, key + 1, "key {key}");
         }

@@ -452,6 +452,17 @@ impl<K: Hash + Eq> RawMap<K> {
             probe!(SUCCESSOR_TOOK_COPIES_AND_INSERTS);
         }
         n.counters.occupied.fetch_sub(unused, Ordering::Relaxed);
+        self.swing_root(table, next, guard);
+    }
+
+    /// Makes `next`, which holds every live bucket of the root `table`,
+    /// the root, and retires `table`.
+    pub(super) fn swing_root(
+        &self,
+        table: Shared<'_, Table<K>>,
+        next: Shared<'_, Table<K>>,
+        guard: &Guard,
+    ) {
         // Every slot is frozen and its bucket copied or left behind: the
         // successor holds every live bucket. Release: publishes it.
         let swung =
