@@ -26,31 +26,37 @@
 //! 1. A BUSY slot is an insert or a copy whose thread vanished after its
 //!    claim: its key may be half written, so it is never read, published
 //!    or dropped. It becomes COPIED|FROZEN, the one word that owns no key
-//!    and that every walk passes over. (The insert's place in `len` stays
-//!    taken, as `map::inflight` says of inserts in flight.)
-//! 2. A COPYING slot of the root is a copy whose copier vanished. If the
-//!    successor holds the key published, the copy landed: the slot is
-//!    marked COPIED. Otherwise its state went with the copier (COPYING
-//!    keeps none), so the bucket is buried, as a bucket whose `Hash`
-//!    panicked is: lost, as if evicted.
-//! 3. The migration is finished here, by this thread: every slot of the
-//!    root is migrated again (those already migrated are left as they are,
-//!    the rest migrated as a chunk's claimer would), the successor's
-//!    `occupied` is counted again from its filled slots (the vanished
-//!    chunks' copies were never counted, and a vanished finisher may have
-//!    given their room back already), and the root swings. One pass over
-//!    the table, once per map in the child. (A finisher that vanished
-//!    between swinging the root and retiring the old table leaves that
-//!    table unreachable: it is never freed in the child.)
+//!    and that every walk passes over.
+//! 2. A COPYING slot of the root is a copy whose copier vanished: it is
+//!    marked COPIED, so the old table never owns its key again. If the
+//!    copy was published in the successor, the successor owns the key and
+//!    nothing is lost. If not, the bucket is lost (COPYING keeps no state,
+//!    so there is nothing to copy again), as if evicted, and its key is
+//!    leaked, never dropped: one key per copy a fork cut short. Whether
+//!    the copy landed is not asked of the key's own `Hash` and `Eq`: one
+//!    that panics or lies would leave the key with two owners, each of
+//!    which drops it.
+//! 3. A migration under way is finished here, by this thread: every slot
+//!    of the root is migrated again (those already migrated are left as
+//!    they are, the rest migrated as a chunk's claimer would), and the
+//!    root swings. One pass over the table, once per map in the child. (A
+//!    finisher that vanished between swinging the root and retiring the
+//!    old table leaves that table unreachable: it is never freed in the
+//!    child.)
+//! 4. The one table left is counted again: `occupied` from its filled
+//!    slots, `len` from its live buckets. So what vanished threads held of
+//!    them is given back or counted once: an insert's place in `len` (which
+//!    at a small `max_keys` would refuse new keys for good) and its slot
+//!    reservation, a chunk's copies not yet added to `copied`, the room
+//!    for copies that a vanished finisher had given back already.
 //!
-//! A key's `Hash` or `Eq` that panics during the repair loses its bucket
+//! A key's `Hash` that panics during the repair loses its bucket
 //! (buried, as in a migration) and the repair goes on; the panic is
 //! resumed after the note is written, so no other thread waits on it.
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering as StdOrdering};
 
-use super::chain::Chain;
 use super::slot::Slot;
 use super::table::Table;
 use super::RawMap;
@@ -150,67 +156,54 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
                 }
             }
         }
-        let n = n?;
         let mut panicked = None;
-        for slot in t.slots.iter() {
-            if Seen::of(slot.cell.word()).0 == Seen::Copying {
-                let landed = catch_unwind(AssertUnwindSafe(|| self.copy_landed(slot, n)))
-                    .unwrap_or_else(|panic| {
-                        panicked.get_or_insert(panic);
-                        false
-                    });
-                if landed {
+        if let Some(n) = n {
+            for slot in t.slots.iter() {
+                if Seen::of(slot.cell.word()).0 == Seen::Copying {
                     slot.cell.finish_copy();
-                } else {
-                    slot.cell.abandon_copy();
-                    self.len.fetch_sub(1, Ordering::Relaxed);
                 }
             }
-        }
-        // Every chunk, handed out or not, is this thread's now.
-        t.counters.claimed.store(t.capacity(), Ordering::Relaxed);
-        for slot in t.slots.iter() {
-            let moved = catch_unwind(AssertUnwindSafe(|| self.migrate_again(slot, n)));
-            if let Err(panic) = moved {
-                self.settle_panicked(slot);
-                panicked.get_or_insert(panic);
+            // Every chunk, handed out or not, is this thread's now.
+            t.counters.claimed.store(t.capacity(), Ordering::Relaxed);
+            for slot in t.slots.iter() {
+                let moved = catch_unwind(AssertUnwindSafe(|| self.migrate_again(slot, n)));
+                if let Err(panic) = moved {
+                    self.settle_panicked(slot);
+                    panicked.get_or_insert(panic);
+                }
             }
+            t.counters.migrated.store(t.capacity(), Ordering::Relaxed);
+            self.swing_root(root, next, guard);
         }
-        t.counters.migrated.store(t.capacity(), Ordering::Relaxed);
-        // The vanished chunks' copies were never added to `copied`, and a
-        // vanished finisher may have given the copies' room back already:
-        // `occupied` is counted again, as what it is once no insert is in
-        // flight (none is: this thread alone runs), the filled slots.
-        let filled = n
-            .slots
-            .iter()
-            .filter(|slot| !matches!(Seen::of(slot.cell.word()), (Seen::Empty, _)))
-            .count();
-        n.counters.occupied.store(filled, Ordering::Relaxed);
-        self.swing_root(root, next, guard);
+        self.recount(n.unwrap_or(t));
         panicked
     }
 
-    /// Whether the successor `next` holds the key of the COPYING `slot`
-    /// published: its copier placed the copy before it vanished. (No
-    /// other bucket for the key can be there: an insert that meets its
-    /// key COPYING waits for the copy.)
-    fn copy_landed(&self, slot: &Slot<K>, next: &Table<K>) -> bool {
-        // SAFETY: a COPYING word has a published key; the guard keeps both
-        // tables alive.
-        let key = unsafe { slot.key() };
-        let hash = self.hasher.hash_one(key);
-        for other in Chain::new(next, hash) {
-            match Seen::of(other.cell.word()).0 {
-                Seen::Empty => return false,
-                // SAFETY: a published word, as in `find`.
-                Seen::Live(_) | Seen::Copying | Seen::Dead if unsafe { other.key_is(key) } => {
-                    return true;
+    /// Counts `occupied` and `len` again from `table`, the only table now,
+    /// as what they are when nothing is in flight (nothing is: this thread
+    /// alone runs): its filled slots, and its live buckets. What vanished
+    /// threads held of them (an insert's place in `len` and its slot
+    /// reservation, a chunk's copies not yet added to `copied`, room for
+    /// copies that a finisher had given back already) is so given back, or
+    /// counted, once.
+    fn recount(&self, table: &Table<K>) {
+        let (mut filled, mut live) = (0, 0);
+        for slot in table.slots.iter() {
+            match Seen::of(slot.cell.word()).0 {
+                Seen::Empty => {}
+                Seen::Live(_) => {
+                    filled += 1;
+                    live += 1;
                 }
-                _ => {}
+                _ => filled += 1,
             }
         }
-        false
+        let closed = table.counters.occupied.load(Ordering::Relaxed) & super::table::CLOSED;
+        table
+            .counters
+            .occupied
+            .store(filled | closed, Ordering::Relaxed);
+        self.len.store(live, Ordering::Relaxed);
     }
 
     /// Migrates `slot` of the root into `next` unless it is migrated
@@ -338,16 +331,19 @@ mod tests {
         let guard = pin();
         // SAFETY: the root is alive under `guard`.
         let t = unsafe { map.root.load(Ordering::Acquire, &guard).deref() };
-        // Every empty slot claimed and left BUSY: an insert of a new key
-        // would wait on the first one of its chain forever.
+        // Every empty slot claimed and left BUSY by an insert that had
+        // reserved its place in `len`: an insert of a new key would wait on
+        // the first one of its chain forever, and the places stay taken.
         let orphans = t
             .slots
             .iter()
-            .filter(|slot| slot.cell.claim_empty())
+            .filter(|slot| slot.cell.claim_empty() && map.try_reserve(usize::MAX))
             .count();
         assert!(orphans > 0);
+        assert_eq!(map.held(), 8 + orphans);
 
         assert!(map.repair(&guard).is_none());
+        assert_eq!(map.held(), 8, "the vanished inserts' places given back");
 
         for key in 100..200u64 {
             assert!(map.try_reserve(usize::MAX));
