@@ -24,6 +24,18 @@ pub fn rollback_races() -> (u64, u64, u64) {
     (races.moved.sum(), races.gone.sum(), races.after_reset.sum())
 }
 
+/// What forked children's repairs did in this process
+/// (`map::raw::after_fork`): `(maps, migrations, orphans, copies)`: maps
+/// repaired, migrations under way at the fork that a repair finished,
+/// slots a vanished thread held BUSY, and copies a vanished copier left
+/// COPYING. What the fork tests read to know they reached the repair's
+/// cases. Counted per process: a child starts from its parent's counts.
+#[cfg(not(turnstile_loom))]
+pub fn fork_repairs() -> (u64, u64, u64, u64) {
+    let [maps, migrations, orphans, copies] = crate::map::fork_repairs();
+    (maps, migrations, orphans, copies)
+}
+
 /// The stripe of inserts in flight that `key` falls in, in every keyed
 /// limiter under loom (whose hasher keys are fixed): a model stages keys
 /// in one stripe, or in two, with it.

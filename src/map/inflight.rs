@@ -118,9 +118,10 @@ impl InFlight {
     /// clears every stripe before any of the child's threads announces an
     /// insert (each admission calls this first and waits for the clearing
     /// to end); no mark or claim is the forking thread's own, since it was
-    /// not inside an admission when it forked. (A place the parent's
-    /// threads had reserved in `len` stays taken in the child: at most one
-    /// per thread that was inserting.) One load and a compare otherwise.
+    /// not inside an admission when it forked. (The places the parent's
+    /// threads had reserved in `len` are given back by the map's own
+    /// repair, `map::raw::after_fork`, at the child's first pin, before
+    /// this.) One load and a compare otherwise.
     #[inline]
     pub(crate) fn after_fork(&self) {
         #[cfg(not(turnstile_loom))]

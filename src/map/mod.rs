@@ -112,6 +112,12 @@ impl<K> Drop for Map<K> {
     }
 }
 
+/// What this process's fork repairs did (see `__private::fork_repairs`).
+#[cfg(not(turnstile_loom))]
+pub(crate) fn fork_repairs() -> [u64; 4] {
+    raw::fork_repairs()
+}
+
 /// The stripe `key` falls in, in every map under loom (whose hasher keys
 /// are fixed): what a model reads to stage its keys in one stripe or two.
 #[cfg(turnstile_loom)]

@@ -67,6 +67,21 @@ use crate::sync::Ordering;
 /// Set in a map's fork note while a thread repairs it.
 const REPAIRING: u64 = 1 << 63;
 
+/// What this process's repairs did, for the fork tests to know which
+/// cases they reached (`__private::fork_repairs`): maps repaired,
+/// migrations finished, slots orphaned, copies cut short.
+pub(crate) static REPAIRS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+/// Indices of [`REPAIRS`].
+const MAPS: usize = 0;
+const MIGRATIONS: usize = 1;
+const ORPHANS: usize = 2;
+const COPIES: usize = 3;
+
+/// Counts one more of `what` in [`REPAIRS`] (the repair's cold path only).
+fn count(what: usize) {
+    REPAIRS[what].fetch_add(1, StdOrdering::Relaxed);
+}
+
 /// Which fork's process a map's tables belong to (see the module docs).
 pub(crate) struct ForkNote {
     forks: AtomicU64,
@@ -81,9 +96,60 @@ impl ForkNote {
 }
 
 thread_local! {
-    /// Whether this thread is repairing a map: a key's `Hash` or `Eq` that
-    /// uses the map during the repair goes on without waiting for itself.
-    static REPAIRING_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The maps this thread is repairing, innermost first: a chain through
+    /// the repairs' stack frames (null: none). A key's `Hash` that uses one
+    /// of them during its repair goes on without waiting for itself;
+    /// another map it uses is repaired first if no thread is repairing it
+    /// yet, as at any first pin, and otherwise gone on with unrepaired: a
+    /// thread inside a repair never waits for another thread's, so two
+    /// repairs whose keys use each other's map cannot wait for each other.
+    /// (Helper `adv3`'s design, after it found one flag for every map let
+    /// another map go unrepaired.)
+    static REPAIRING_HERE: std::cell::Cell<*const Repairing> =
+        const { std::cell::Cell::new(std::ptr::null()) };
+}
+
+/// One link of [`REPAIRING_HERE`]: the map a repair on this thread is
+/// repairing, and the repair it runs inside of. Unlinks itself when the
+/// repair ends, unwinding or not.
+struct Repairing {
+    map: *const (),
+    outer: *const Repairing,
+}
+
+impl Repairing {
+    /// Whether this thread is inside a repair, and whether of `map`.
+    fn here(map: *const ()) -> (bool, bool) {
+        let innermost = REPAIRING_HERE.with(std::cell::Cell::get);
+        let mut link = innermost;
+        // SAFETY: every link in the chain is the frame of a repair running
+        // on this thread, which unlinks it before it ends (`Drop`).
+        while let Some(repairing) = unsafe { link.as_ref() } {
+            if repairing.map == map {
+                return (true, true);
+            }
+            link = repairing.outer;
+        }
+        (!innermost.is_null(), false)
+    }
+
+    /// Runs `repair` of `map` with this thread's chain holding it.
+    fn run<T>(map: *const (), repair: impl FnOnce() -> T) -> T {
+        let link = Repairing {
+            map,
+            outer: REPAIRING_HERE.with(std::cell::Cell::get),
+        };
+        REPAIRING_HERE.with(|here| here.set(&link));
+        let result = repair();
+        drop(link);
+        result
+    }
+}
+
+impl Drop for Repairing {
+    fn drop(&mut self) {
+        REPAIRING_HERE.with(|here| here.set(self.outer));
+    }
 }
 
 impl<K: std::hash::Hash + Eq> RawMap<K> {
@@ -100,7 +166,9 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
 
     #[cold]
     fn repair_after_fork(&self, forks: u64) {
-        if REPAIRING_HERE.with(std::cell::Cell::get) {
+        let me = std::ptr::from_ref(self).cast::<()>();
+        let (inside_a_repair, repairing_me) = Repairing::here(me);
+        if repairing_me {
             return;
         }
         // Marked with this process's fork count: a repair that a later fork
@@ -110,7 +178,7 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
         let mut attempt = 0;
         loop {
             let noted = note.load(StdOrdering::Acquire);
-            if noted == forks {
+            if noted == forks || (noted == repairing && inside_a_repair) {
                 return;
             }
             if noted != repairing
@@ -123,9 +191,7 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
                 // retired tables, whose keys' `Drop` may panic.
                 let guard = crate::map::pin::pin();
                 if !crate::map::pin::pinned_at_fork() {
-                    REPAIRING_HERE.with(|here| here.set(true));
-                    panicked = self.repair(&guard);
-                    REPAIRING_HERE.with(|here| here.set(false));
+                    panicked = Repairing::run(me, || self.repair(&guard));
                 }
                 // Release: an operation that sees the new note sees the
                 // repaired tables.
@@ -149,10 +215,12 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
         let next = t.next.load(Ordering::Acquire, guard);
         // SAFETY: as in `find`; a successor is never reset.
         let n = unsafe { next.as_ref() };
+        count(MAPS);
         for table in std::iter::once(t).chain(n) {
             for slot in table.slots.iter() {
                 if slot.cell.word() == crate::cell::BUSY {
                     slot.cell.orphan();
+                    count(ORPHANS);
                 }
             }
         }
@@ -161,6 +229,7 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
             for slot in t.slots.iter() {
                 if Seen::of(slot.cell.word()).0 == Seen::Copying {
                     slot.cell.finish_copy();
+                    count(COPIES);
                 }
             }
             // Every chunk, handed out or not, is this thread's now.
@@ -174,6 +243,7 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
             }
             t.counters.migrated.store(t.capacity(), Ordering::Relaxed);
             self.swing_root(root, next, guard);
+            count(MIGRATIONS);
         }
         self.recount(n.unwrap_or(t));
         panicked
@@ -241,20 +311,31 @@ mod tests {
     /// A map holding keys `0..8`, each with state `key + 1`.
     fn map_of_eight() -> RawMap<u64> {
         let map = RawMap::new(ahash::RandomState::with_seeds(1, 2, 3, 4), 1_000);
+        insert_ids(&map, 0..8, |id| id);
+        map
+    }
+
+    /// Inserts the keys `key(id)` for `ids` into `map`, each with state
+    /// `id + 1`.
+    fn insert_ids<K: std::hash::Hash + Eq>(
+        map: &RawMap<K>,
+        ids: std::ops::Range<u64>,
+        key: impl Fn(u64) -> K,
+    ) {
         let guard = pin();
-        for key in 0..8u64 {
+        for id in ids {
             assert!(map.try_reserve(usize::MAX));
+            let probe = key(id);
             let (_, inserted) = map.insert(
-                map.hash(&key),
-                &key,
-                || key,
-                || key + 1,
+                map.hash(&probe),
+                &probe,
+                || key(id),
+                || id + 1,
                 &never_idle,
                 &guard,
             );
             assert!(inserted);
         }
-        map
     }
 
     /// `key`'s slot in the root, and its state.
@@ -354,5 +435,336 @@ mod tests {
         for key in 0..8u64 {
             assert_eq!(slot_of(&map, key, &guard).1, key + 1);
         }
+    }
+
+    /// Keys of the landed-copy tests below: `LIVE[id]` counts the
+    /// instances alive (made minus dropped: a key dropped twice brings it
+    /// below zero); the key whose id is in `HASH_PANICS` panics in `Hash`,
+    /// and the one in `EQ_LIES` says it is not equal to itself.
+    mod owned_keys {
+        use std::hash::{Hash, Hasher};
+        use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering::SeqCst};
+
+        pub(super) static LIVE: [AtomicIsize; 16] = [const { AtomicIsize::new(0) }; 16];
+        /// The id whose `Hash` panics (`u64::MAX`: none).
+        pub(super) static HASH_PANICS: AtomicU64 = AtomicU64::new(u64::MAX);
+        /// The id whose `Eq` lies (`u64::MAX`: none).
+        pub(super) static EQ_LIES: AtomicU64 = AtomicU64::new(u64::MAX);
+
+        pub(super) struct Owned(pub(super) u64);
+
+        impl Owned {
+            pub(super) fn new(id: u64) -> Self {
+                LIVE[id as usize].fetch_add(1, SeqCst);
+                Owned(id)
+            }
+        }
+
+        impl Drop for Owned {
+            fn drop(&mut self) {
+                LIVE[self.0 as usize].fetch_sub(1, SeqCst);
+            }
+        }
+
+        impl Hash for Owned {
+            fn hash<H: Hasher>(&self, state: &mut H) {
+                assert!(HASH_PANICS.load(SeqCst) != self.0, "a key's Hash panicked");
+                self.0.hash(state);
+            }
+        }
+
+        impl PartialEq for Owned {
+            fn eq(&self, other: &Self) -> bool {
+                self.0 == other.0 && EQ_LIES.load(SeqCst) != self.0
+            }
+        }
+
+        impl Eq for Owned {}
+    }
+
+    /// Keys `base..base + 8`; a vanished thread won the copy of key
+    /// `base + 1`, placed it in the successor and did not mark the old
+    /// slot COPIED. The repair runs with `misbehaving` (a static of
+    /// `owned_keys`) naming that key; then the map is dropped, and each
+    /// key must have been dropped once. The successor owns the copy, so
+    /// the old slot must not own the key too, whatever the key's code
+    /// said: both tables would drop it (a double free of a `String`).
+    fn landed_copy_repaired_with(
+        base: u64,
+        misbehaving: &std::sync::atomic::AtomicU64,
+    ) -> Option<Box<dyn std::any::Any + Send>> {
+        use owned_keys::{Owned, LIVE};
+        use std::sync::atomic::Ordering::SeqCst;
+
+        let map = RawMap::<Owned>::new(ahash::RandomState::with_seeds(1, 2, 3, 4), 1_000);
+        let (old, panicked) = {
+            let guard = pin();
+            insert_ids(&map, base..base + 8, Owned::new);
+            let root = map.root.load(Ordering::Acquire, &guard);
+            let next = map.start_migration(root, &guard);
+            // SAFETY: both tables are alive under `guard`.
+            let n = unsafe { next.deref() };
+            let key = Owned::new(base + 1);
+            let slot = map.find(map.hash(&key), &key, &guard).expect("the key");
+            let state = slot.cell.state().expect("live");
+            assert!(slot.cell.freeze(slot.cell.word()) && slot.cell.start_copy(state));
+            // SAFETY: the word was live; both tables are alive.
+            assert!(unsafe { n.place_copy(slot, state, map.hash(&key)) });
+            drop(key);
+
+            misbehaving.store(base + 1, SeqCst);
+            let panicked = map.repair(&guard);
+            misbehaving.store(u64::MAX, SeqCst);
+            let copy_is_live = n.slots.iter().any(|other| {
+                // SAFETY: a published word; `guard` keeps the table alive.
+                matches!(Seen::of(other.cell.word()).0, Seen::Live(_))
+                    && unsafe { other.key() }.0 == base + 1
+            });
+            assert!(copy_is_live, "the copy is in the successor");
+            (Seen::of(slot.cell.word()).0, panicked)
+        };
+        // Both tables are dropped with the map.
+        drop(map);
+        for id in base..base + 8 {
+            assert_eq!(
+                LIVE[id as usize].load(SeqCst),
+                0,
+                "key {id}: instances made minus dropped (the old slot: {old:?})"
+            );
+        }
+        panicked
+    }
+
+    #[test]
+    fn a_landed_copy_is_dropped_once_when_its_hash_panics_in_the_repair() {
+        // The repair asks nothing of the COPYING key's own code: its Hash
+        // never runs, so there is no panic to hand back.
+        assert!(landed_copy_repaired_with(0, &owned_keys::HASH_PANICS).is_none());
+    }
+
+    #[test]
+    fn a_landed_copy_is_dropped_once_when_its_eq_lies_in_the_repair() {
+        assert!(landed_copy_repaired_with(8, &owned_keys::EQ_LIES).is_none());
+    }
+
+    /// Two copies a fork cut short after their claim of a slot in the
+    /// successor: key 1's published there but not yet counted in
+    /// `copied`, key 2's still BUSY. The repair keeps one and orphans the
+    /// other, and ends the migration: the new root's `occupied` must count
+    /// at least every slot filled in it (as once no operation is in flight
+    /// it always does), or inserts fill it past its fill limit.
+    #[test]
+    fn after_a_repair_occupied_counts_every_filled_slot() {
+        let map = map_of_eight();
+        let guard = pin();
+        let root = map.root.load(Ordering::Acquire, &guard);
+        let next = map.start_migration(root, &guard);
+        // SAFETY: both tables are alive under `guard`.
+        let (t, n) = unsafe { (root.deref(), next.deref()) };
+        t.counters
+            .claimed
+            .fetch_add(t.capacity(), Ordering::Relaxed);
+        // Key 1: placed and published; its copier vanished before it
+        // counted the copy.
+        let (slot, state) = slot_of(&map, 1, &guard);
+        assert!(slot.cell.freeze(slot.cell.word()) && slot.cell.start_copy(state));
+        // SAFETY: the word was live; both tables are alive.
+        // (`place_copy` counts nothing: its callers count in `copied`.)
+        assert!(unsafe { n.place_copy(slot, state, map.hash(&1u64)) });
+        // Key 2: its copier claimed a slot of the successor and vanished.
+        let (slot, state) = slot_of(&map, 2, &guard);
+        assert!(slot.cell.freeze(slot.cell.word()) && slot.cell.start_copy(state));
+        assert!(n.slots.iter().any(|slot| slot.cell.claim_empty()));
+
+        assert!(map.repair(&guard).is_none());
+
+        assert_eq!(map.root.load(Ordering::Acquire, &guard), next);
+        let filled = n
+            .slots
+            .iter()
+            .filter(|slot| !matches!(Seen::of(slot.cell.word()), (Seen::Empty, _)))
+            .count();
+        assert_eq!(n.occupied(), filled, "occupied against filled slots");
+    }
+
+    /// A thread migrated the whole table, every bucket evicted as idle (a
+    /// `clear`), and vanished inside `end_migration`: after it gave back
+    /// the room held for copies that did not come, before it swung the
+    /// root. The repair ends the migration again; the room must not be
+    /// given back twice, or `occupied` wraps below zero into its CLOSED
+    /// bit and the new root refuses every insert (or, short of a wrap,
+    /// counts fewer slots than are filled).
+    #[test]
+    fn after_a_repair_the_room_held_for_copies_is_given_back_once() {
+        let map = map_of_eight();
+        let guard = pin();
+        let root = map.root.load(Ordering::Acquire, &guard);
+        let next = map.start_migration(root, &guard);
+        // SAFETY: both tables are alive under `guard`.
+        let (t, n) = unsafe { (root.deref(), next.deref()) };
+        t.counters
+            .claimed
+            .fetch_add(t.capacity(), Ordering::Relaxed);
+        for slot in t.slots.iter() {
+            let _ = map.migrate_slot(slot, n, &|_| true, &mut 0);
+        }
+        t.counters.migrated.store(t.capacity(), Ordering::Relaxed);
+        // The first half of `end_migration`, by the thread that vanished:
+        // all 8 places held for copies given back.
+        assert_eq!(n.counters.copied.load(Ordering::Relaxed), 0, "none copied");
+        n.counters
+            .occupied
+            .fetch_sub(n.reserved_for_copies, Ordering::Relaxed);
+        assert_eq!(n.occupied(), 0);
+
+        assert!(map.repair(&guard).is_none());
+
+        assert_eq!(map.root.load(Ordering::Acquire, &guard), next);
+        let occupied = n.counters.occupied.load(Ordering::Relaxed);
+        assert_eq!(occupied, 0, "the new root's occupied, with its CLOSED bit");
+        assert!(n.reserve_slot(), "the new root takes inserts");
+    }
+
+    /// Keys of the re-entrant repair test below: the first `Hash` after
+    /// `HELP_ONCE` is set helps the migration of [`MAP`] along by one
+    /// chunk, as a key's code that uses its own limiter during a repair
+    /// does (`REPAIRING_HERE` lets it in).
+    mod nested_keys {
+        use std::hash::{Hash, Hasher};
+        use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+        use std::sync::OnceLock;
+
+        use super::super::RawMap;
+        use crate::map::pin::pin;
+
+        pub(super) static MAP: OnceLock<RawMap<Nested>> = OnceLock::new();
+        pub(super) static HELP_ONCE: AtomicBool = AtomicBool::new(false);
+
+        #[derive(PartialEq, Eq)]
+        pub(super) struct Nested(pub(super) u64);
+
+        impl Hash for Nested {
+            fn hash<H: Hasher>(&self, state: &mut H) {
+                if HELP_ONCE.swap(false, SeqCst) {
+                    let map = MAP.get().expect("the map");
+                    let _ = map.help_migrate(1, &|_| false, &pin());
+                }
+                self.0.hash(state);
+            }
+        }
+    }
+
+    /// A key's code that migrates a chunk of the map during its repair
+    /// (the repair lets the repairing thread's own operations in): the
+    /// chunk counts in `migrated`, beside the ones the repair migrated
+    /// again, and the migration still ends.
+    #[test]
+    fn a_chunk_migrated_by_a_keys_code_during_the_repair_still_counts() {
+        use nested_keys::{Nested, HELP_ONCE, MAP};
+        use std::sync::atomic::Ordering::SeqCst;
+
+        let map = MAP.get_or_init(|| {
+            let mut map = RawMap::new(ahash::RandomState::with_seeds(1, 2, 3, 4), 1_000);
+            map.chunk = 4;
+            map
+        });
+        let guard = pin();
+        insert_ids(map, 0..8, Nested);
+        let root = map.root.load(Ordering::Acquire, &guard);
+        let next = map.start_migration(root, &guard);
+        // SAFETY: the root is alive under `guard`.
+        let t = unsafe { root.deref() };
+        assert_eq!(t.capacity(), 16);
+        // Vanished threads claimed the first two chunks and finished none.
+        t.counters.claimed.fetch_add(8, Ordering::Relaxed);
+
+        HELP_ONCE.store(true, SeqCst);
+        assert!(map.repair(&guard).is_none());
+        assert!(!HELP_ONCE.load(SeqCst), "a key's Hash migrated a chunk");
+
+        for _ in 0..100 {
+            if map.help_migrate(usize::MAX, &never_idle, &guard).is_none() {
+                break;
+            }
+        }
+        assert_eq!(
+            map.root.load(Ordering::Acquire, &guard),
+            next,
+            "the migration ended ({} of 16 slots counted migrated)",
+            t.counters.migrated.load(Ordering::Relaxed)
+        );
+        for id in 0..8u64 {
+            let found = map.find(map.hash(&Nested(id)), &Nested(id), &guard);
+            assert_eq!(found.and_then(|slot| slot.cell.state().ok()), Some(id + 1));
+        }
+    }
+
+    /// Keys of the cross-map repair test below: the first `Hash` after
+    /// `FIRST_PIN_OF_B` is set makes the first pin of [`B`] after a fork,
+    /// as a key's code that checks another limiter does, and notes
+    /// whether [`B`] was repaired by then.
+    mod cross_keys {
+        use std::hash::{Hash, Hasher};
+        use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+        use std::sync::OnceLock;
+
+        use super::super::RawMap;
+
+        pub(super) static A: OnceLock<RawMap<Cross>> = OnceLock::new();
+        pub(super) static B: OnceLock<RawMap<Cross>> = OnceLock::new();
+        pub(super) static FIRST_PIN_OF_B: AtomicBool = AtomicBool::new(false);
+        pub(super) static B_REPAIRED: AtomicBool = AtomicBool::new(false);
+
+        #[derive(PartialEq, Eq)]
+        pub(super) struct Cross(pub(super) u64);
+
+        impl Hash for Cross {
+            fn hash<H: Hasher>(&self, state: &mut H) {
+                if FIRST_PIN_OF_B.swap(false, SeqCst) {
+                    let b = B.get().expect("map B");
+                    b.after_fork();
+                    let note = b.fork_note.forks.load(SeqCst);
+                    B_REPAIRED.store(note == crate::map::pin::forks(), SeqCst);
+                }
+                self.0.hash(state);
+            }
+        }
+    }
+
+    /// A key of map A whose `Hash`, run by A's repair after a fork, makes
+    /// the child's first pin of another map B: B is repaired before that
+    /// pin returns, as any first pin's map is (`REPAIRING_HERE` lets in
+    /// the map being repaired, not every map).
+    #[test]
+    fn another_map_pinned_during_a_repair_is_repaired_first() {
+        use cross_keys::{Cross, A, B, B_REPAIRED, FIRST_PIN_OF_B};
+        use std::sync::atomic::Ordering::SeqCst;
+
+        let new_map = || RawMap::new(ahash::RandomState::with_seeds(1, 2, 3, 4), 1_000);
+        let (a, b) = (A.get_or_init(new_map), B.get_or_init(new_map));
+        let guard = pin();
+        insert_ids(a, 0..8, Cross);
+        // A migration of A whose every chunk a vanished thread claimed: the
+        // repair rehashes A's keys.
+        let root = a.root.load(Ordering::Acquire, &guard);
+        let _ = a.start_migration(root, &guard);
+        // SAFETY: the root is alive under `guard`.
+        let t = unsafe { root.deref() };
+        t.counters
+            .claimed
+            .fetch_add(t.capacity(), Ordering::Relaxed);
+        // Both maps were made before a fork this process is a child of.
+        let forks = crate::map::pin::forks();
+        a.fork_note.forks.store(forks + 1, SeqCst);
+        b.fork_note.forks.store(forks + 1, SeqCst);
+
+        FIRST_PIN_OF_B.store(true, SeqCst);
+        a.after_fork();
+        assert!(!FIRST_PIN_OF_B.load(SeqCst), "a key's Hash pinned B");
+        assert_eq!(a.fork_note.forks.load(SeqCst), forks, "A is repaired");
+        assert!(
+            B_REPAIRED.load(SeqCst),
+            "B was not repaired when its first pin returned"
+        );
     }
 }

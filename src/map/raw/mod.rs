@@ -90,6 +90,14 @@ use chain::Chain;
 use table::{largest_capacity, Table, MIN_CAPACITY};
 
 pub(crate) use evict::{Evicted, Idle};
+
+/// What this process's fork repairs did (see `__private::fork_repairs`).
+#[cfg(not(turnstile_loom))]
+pub(crate) fn fork_repairs() -> [u64; 4] {
+    after_fork::REPAIRS
+        .each_ref()
+        .map(|n| n.load(std::sync::atomic::Ordering::Relaxed))
+}
 pub(crate) use migrate::MIGRATION_CHUNK;
 pub(crate) use slot::Slot;
 

@@ -61,6 +61,17 @@ impl<K> Slot<K> {
             .with(|k| unsafe { (*k).assume_init_ref() }.borrow() == key)
     }
 
+    /// This slot's key (tests that look at a table's keys).
+    ///
+    /// # Safety
+    /// As [`key_is`](Slot::key_is); the key lives as long as the guard.
+    #[cfg(test)]
+    pub(super) unsafe fn key(&self) -> &K {
+        // SAFETY: the caller's contract: initialised, immutable, and alive
+        // while `self` is borrowed.
+        self.key.with(|k| unsafe { (*k).assume_init_ref() })
+    }
+
     /// This slot's key hashed with `hasher`.
     ///
     /// # Safety
