@@ -338,6 +338,18 @@ mod tests {
         }
     }
 
+    /// Starts a migration of `map` whose every chunk a vanished thread
+    /// claimed: its repair migrates (and so hashes) every key again.
+    fn claim_every_chunk<K: std::hash::Hash + Eq>(map: &RawMap<K>, guard: &Guard) {
+        let root = map.root.load(Ordering::Acquire, guard);
+        let _ = map.start_migration(root, guard);
+        // SAFETY: the root is alive under `guard`.
+        let t = unsafe { root.deref() };
+        t.counters
+            .claimed
+            .fetch_add(t.capacity(), Ordering::Relaxed);
+    }
+
     /// `key`'s slot in the root, and its state.
     fn slot_of<'g>(map: &RawMap<u64>, key: u64, guard: &'g Guard) -> (&'g Slot<u64>, u64) {
         let slot = map.find(map.hash(&key), &key, guard).expect("the key");
@@ -746,13 +758,7 @@ mod tests {
         insert_ids(a, 0..8, Cross);
         // A migration of A whose every chunk a vanished thread claimed: the
         // repair rehashes A's keys.
-        let root = a.root.load(Ordering::Acquire, &guard);
-        let _ = a.start_migration(root, &guard);
-        // SAFETY: the root is alive under `guard`.
-        let t = unsafe { root.deref() };
-        t.counters
-            .claimed
-            .fetch_add(t.capacity(), Ordering::Relaxed);
+        claim_every_chunk(a, &guard);
         // Both maps were made before a fork this process is a child of.
         let forks = crate::map::pin::forks();
         a.fork_note.forks.store(forks + 1, SeqCst);
@@ -858,15 +864,8 @@ mod tests {
             insert_ids(b, 0..8, |id| Racing(id, true));
             // A migration of each whose every chunk a vanished thread
             // claimed: both repairs rehash their map's keys.
-            for map in [a, b] {
-                let root = map.root.load(Ordering::Acquire, &guard);
-                let _ = map.start_migration(root, &guard);
-                // SAFETY: the root is alive under `guard`.
-                let t = unsafe { root.deref() };
-                t.counters
-                    .claimed
-                    .fetch_add(t.capacity(), Ordering::Relaxed);
-            }
+            claim_every_chunk(a, &guard);
+            claim_every_chunk(b, &guard);
         }
         let forks = crate::map::pin::forks();
         a.fork_note.forks.store(forks + 1, SeqCst);
@@ -895,5 +894,71 @@ mod tests {
             .count();
         assert_eq!(live, 9);
         assert_eq!(b.held(), live, "B's len against its live buckets");
+    }
+
+    /// Keys of the nested-clear test below: the first `Hash` after
+    /// `CLEAR_ONCE` is set does what `clear` and `evict_idle` do first
+    /// on [`MAP`] (`Pinned::finish_migration`: help the migration until
+    /// none is under way), bounded here to [`LOOKS`] looks, and notes in
+    /// `ENDED` whether it saw the migration end.
+    mod clearing_keys {
+        use std::hash::{Hash, Hasher};
+        use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+        use std::sync::OnceLock;
+
+        use super::super::RawMap;
+        use crate::map::pin::pin;
+
+        pub(super) static MAP: OnceLock<RawMap<Clearing>> = OnceLock::new();
+        pub(super) static CLEAR_ONCE: AtomicBool = AtomicBool::new(false);
+        pub(super) static ENDED: AtomicBool = AtomicBool::new(false);
+        /// `finish_migration` looks forever; this test looks this often.
+        const LOOKS: usize = 10_000;
+
+        #[derive(PartialEq, Eq)]
+        pub(super) struct Clearing(pub(super) u64);
+
+        impl Hash for Clearing {
+            fn hash<H: Hasher>(&self, state: &mut H) {
+                if CLEAR_ONCE.swap(false, SeqCst) {
+                    let map = MAP.get().expect("the map");
+                    let ended = (0..LOOKS).any(|_| {
+                        let helped = map.help_migrate(usize::MAX, &|_| true, &pin());
+                        std::thread::yield_now();
+                        helped.is_none()
+                    });
+                    ENDED.store(ended, SeqCst);
+                }
+                self.0.hash(state);
+            }
+        }
+    }
+
+    /// A key's `Hash` that calls `clear` (or `evict_idle`) on its own
+    /// limiter while the repair finishes a migration (the repair lets the
+    /// repairing thread's own operations in): `clear` helps the migration
+    /// until none is under way, but every chunk is the repair's own
+    /// (`claimed` is set to the capacity first) and the root swings only
+    /// when the repair's pass is over, after this `Hash` returns. The
+    /// nested `clear` waits for itself forever.
+    #[test]
+    #[ignore = "reproduces: a clear() from a key's Hash during the repair's migration never sees the migration end (it would spin forever)"]
+    fn a_clear_by_a_keys_code_during_the_repair_sees_the_migration_end() {
+        use clearing_keys::{Clearing, CLEAR_ONCE, ENDED, MAP};
+        use std::sync::atomic::Ordering::SeqCst;
+
+        let map =
+            MAP.get_or_init(|| RawMap::new(ahash::RandomState::with_seeds(1, 2, 3, 4), 1_000));
+        let guard = pin();
+        insert_ids(map, 0..8, Clearing);
+        claim_every_chunk(map, &guard);
+
+        CLEAR_ONCE.store(true, SeqCst);
+        let _ = map.repair(&guard);
+        assert!(!CLEAR_ONCE.load(SeqCst), "a key's Hash cleared the map");
+        assert!(
+            ENDED.load(SeqCst),
+            "the nested clear never saw the migration end"
+        );
     }
 }
