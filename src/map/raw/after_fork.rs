@@ -449,6 +449,41 @@ mod tests {
         }
     }
 
+    /// A thread closed the root to start a migration and vanished before
+    /// it installed the successor (a vanished insert also held a place in
+    /// `len` and a slot): the repair counts both again and keeps the table
+    /// closed, and the child's next insert installs the successor itself,
+    /// sized from the recounted `len`, and goes on through growths.
+    #[test]
+    fn a_root_closed_without_a_successor_is_counted_again_and_still_grows() {
+        let map = map_of_eight();
+        let guard = pin();
+        let root = map.root.load(Ordering::Acquire, &guard);
+        // SAFETY: the root is alive under `guard`.
+        let t = unsafe { root.deref() };
+        assert!(map.try_reserve(usize::MAX) && t.reserve_slot());
+        assert!(t.close());
+        assert!(!t.reserve_slot(), "closed");
+
+        assert!(map.repair(&guard).is_none());
+        assert_eq!(map.held(), 8, "the vanished insert's place given back");
+        assert_eq!(map.root.load(Ordering::Acquire, &guard), root);
+        assert!(!t.reserve_slot(), "still closed: no insert lands here");
+
+        for key in 100..400u64 {
+            assert!(map.try_reserve(usize::MAX));
+            let (_, inserted) =
+                map.insert(map.hash(&key), &key, || key, || key, &never_idle, &guard);
+            assert!(inserted);
+        }
+        assert_ne!(map.root.load(Ordering::Acquire, &guard), root, "it grew");
+        assert_eq!(map.held(), 308);
+        for key in (0..8u64).chain(100..400) {
+            let expected = if key < 8 { key + 1 } else { key };
+            assert_eq!(slot_of(&map, key, &guard).1, expected, "key {key}");
+        }
+    }
+
     /// Keys of the landed-copy tests below: `LIVE[id]` counts the
     /// instances alive (made minus dropped: a key dropped twice brings it
     /// below zero); the key whose id is in `HASH_PANICS` panics in `Hash`,
