@@ -53,6 +53,28 @@
 //! A key's `Hash` that panics during the repair loses its bucket
 //! (buried, as in a migration) and the repair goes on; the panic is
 //! resumed after the note is written, so no other thread waits on it.
+//!
+//! **Limits: a key's code that uses a limiter during a repair.** Two
+//! cases the second adversary found are not handled, each with an ignored
+//! reproducer in this module's tests (`cargo test --lib
+//! map::raw::after_fork -- --include-ignored`):
+//! - A key's `Hash` that checks another map while a second thread is
+//!   repairing that map goes on in it unrepaired (a thread inside a repair
+//!   never waits for another's, so two repairs whose keys use each other's
+//!   maps cannot deadlock); that repair's recount can then miss the first
+//!   thread's reservation, and the map admits one key past `max_keys` for
+//!   good (`a_map_checked_during_another_threads_repair_of_it_counts_every_live_bucket`).
+//!   A fix (one repairing thread per process) trades it for a deadlock
+//!   when a waiting thread holds what the repairer's key code waits for.
+//! - A key's `Hash` that calls `clear` or `evict_idle` on its own limiter
+//!   during the repair waits for the migration the repair holds, forever
+//!   (`a_clear_by_a_keys_code_during_the_repair_sees_the_migration_end`);
+//!   the same self-wait exists without a fork when such a `Hash` runs in
+//!   the thread's own migration chunk.
+//!
+//! Both need a key whose own code checks a limiter in a forked child
+//! (the second its own limiter, which `crate::keyed` already asks keys not
+//! to do).
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering as StdOrdering};
