@@ -228,7 +228,7 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
         }
     }
 
-    /// Steps 1 to 3 of the module docs, by the one thread that touches the
+    /// Steps 1 to 4 of the module docs, by the one thread that touches the
     /// map; returns the first panic of a key's code, to resume later.
     pub(super) fn repair(&self, guard: &Guard) -> Option<Box<dyn std::any::Any + Send>> {
         let root = self.root.load(Ordering::Acquire, guard);
