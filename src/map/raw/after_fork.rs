@@ -325,6 +325,7 @@ mod tests {
     use super::*;
     use crate::cell::{COPIED, FROZEN};
     use crate::map::pin::pin;
+    use crossbeam_epoch::Shared;
 
     fn never_idle(_: u64) -> bool {
         false
@@ -360,16 +361,27 @@ mod tests {
         }
     }
 
-    /// Starts a migration of `map` whose every chunk a vanished thread
-    /// claimed: its repair migrates (and so hashes) every key again.
-    fn claim_every_chunk<K: std::hash::Hash + Eq>(map: &RawMap<K>, guard: &Guard) {
+    /// Starts a migration of `map` whose chunks were handed out (to
+    /// threads that vanished) up to slot `handed_out`: the root, its
+    /// successor, and the successor's pointer (what the root becomes).
+    fn migration_handed_out<'g, K: std::hash::Hash + Eq>(
+        map: &RawMap<K>,
+        handed_out: usize,
+        guard: &'g Guard,
+    ) -> (&'g Table<K>, &'g Table<K>, Shared<'g, Table<K>>) {
         let root = map.root.load(Ordering::Acquire, guard);
-        let _ = map.start_migration(root, guard);
-        // SAFETY: the root is alive under `guard`.
-        let t = unsafe { root.deref() };
-        t.counters
-            .claimed
-            .fetch_add(t.capacity(), Ordering::Relaxed);
+        let next = map.start_migration(root, guard);
+        // SAFETY: both tables are alive under `guard`.
+        let (t, n) = unsafe { (root.deref(), next.deref()) };
+        t.counters.claimed.fetch_add(handed_out, Ordering::Relaxed);
+        (t, n, next)
+    }
+
+    /// A migration of `map` whose every chunk a vanished thread claimed:
+    /// its repair migrates (and so hashes) every key again.
+    fn claim_every_chunk<K: std::hash::Hash + Eq>(map: &RawMap<K>, guard: &Guard) {
+        let capacity = map.capacity(guard);
+        let _ = migration_handed_out(map, capacity, guard);
     }
 
     /// `key`'s slot in the root, and its state.
@@ -382,15 +394,10 @@ mod tests {
     fn a_migration_left_half_done_is_finished_with_every_bucket_but_an_unplaced_copy() {
         let map = map_of_eight();
         let guard = pin();
-        let root = map.root.load(Ordering::Acquire, &guard);
-        let next = map.start_migration(root, &guard);
-        // SAFETY: both tables are alive under `guard`.
-        let (t, n) = unsafe { (root.deref(), next.deref()) };
         // The migration had handed out half the table (the repair finishes
         // both halves), and vanished threads had left:
-        t.counters
-            .claimed
-            .fetch_add(t.capacity() / 2, Ordering::Relaxed);
+        let half = map.capacity(&guard) / 2;
+        let (_, n, next) = migration_handed_out(&map, half, &guard);
         // key 1: copied, its COPIED mark not yet written;
         let (slot, state) = slot_of(&map, 1, &guard);
         assert!(slot.cell.freeze(slot.cell.word()) && slot.cell.start_copy(state));
@@ -569,10 +576,7 @@ mod tests {
         let (old, panicked) = {
             let guard = pin();
             insert_ids(&map, base..base + 8, Owned::new);
-            let root = map.root.load(Ordering::Acquire, &guard);
-            let next = map.start_migration(root, &guard);
-            // SAFETY: both tables are alive under `guard`.
-            let n = unsafe { next.deref() };
+            let (_, n, _) = migration_handed_out(&map, 0, &guard);
             let key = Owned::new(base + 1);
             let slot = map.find(map.hash(&key), &key, &guard).expect("the key");
             let state = slot.cell.state().expect("live");
@@ -620,19 +624,14 @@ mod tests {
     /// successor: key 1's published there but not yet counted in
     /// `copied`, key 2's still BUSY. The repair keeps one and orphans the
     /// other, and ends the migration: the new root's `occupied` must count
-    /// at least every slot filled in it (as once no operation is in flight
-    /// it always does), or inserts fill it past its fill limit.
+    /// every slot filled in it (as once no operation is in flight it always
+    /// does), or inserts fill it past its fill limit.
     #[test]
     fn after_a_repair_occupied_counts_every_filled_slot() {
         let map = map_of_eight();
         let guard = pin();
-        let root = map.root.load(Ordering::Acquire, &guard);
-        let next = map.start_migration(root, &guard);
-        // SAFETY: both tables are alive under `guard`.
-        let (t, n) = unsafe { (root.deref(), next.deref()) };
-        t.counters
-            .claimed
-            .fetch_add(t.capacity(), Ordering::Relaxed);
+        let capacity = map.capacity(&guard);
+        let (_, n, next) = migration_handed_out(&map, capacity, &guard);
         // Key 1: placed and published; its copier vanished before it
         // counted the copy.
         let (slot, state) = slot_of(&map, 1, &guard);
@@ -667,13 +666,8 @@ mod tests {
     fn after_a_repair_the_room_held_for_copies_is_given_back_once() {
         let map = map_of_eight();
         let guard = pin();
-        let root = map.root.load(Ordering::Acquire, &guard);
-        let next = map.start_migration(root, &guard);
-        // SAFETY: both tables are alive under `guard`.
-        let (t, n) = unsafe { (root.deref(), next.deref()) };
-        t.counters
-            .claimed
-            .fetch_add(t.capacity(), Ordering::Relaxed);
+        let capacity = map.capacity(&guard);
+        let (t, n, next) = migration_handed_out(&map, capacity, &guard);
         for slot in t.slots.iter() {
             let _ = map.migrate_slot(slot, n, &|_| true, &mut 0);
         }
@@ -739,13 +733,9 @@ mod tests {
         });
         let guard = pin();
         insert_ids(map, 0..8, Nested);
-        let root = map.root.load(Ordering::Acquire, &guard);
-        let next = map.start_migration(root, &guard);
-        // SAFETY: the root is alive under `guard`.
-        let t = unsafe { root.deref() };
-        assert_eq!(t.capacity(), 16);
+        assert_eq!(map.capacity(&guard), 16);
         // Vanished threads claimed the first two chunks and finished none.
-        t.counters.claimed.fetch_add(8, Ordering::Relaxed);
+        let (t, _, next) = migration_handed_out(map, 8, &guard);
 
         HELP_ONCE.store(true, SeqCst);
         assert!(map.repair(&guard).is_none());
