@@ -279,17 +279,12 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
     /// copies that a finisher had given back already) is so given back, or
     /// counted, once.
     fn recount(&self, table: &Table<K>) {
-        let (mut filled, mut live) = (0, 0);
-        for slot in table.slots.iter() {
-            match Seen::of(slot.cell.word()).0 {
-                Seen::Empty => {}
-                Seen::Live(_) => {
-                    filled += 1;
-                    live += 1;
-                }
-                _ => filled += 1,
-            }
-        }
+        let filled = table.filled();
+        let live = table
+            .slots
+            .iter()
+            .filter(|slot| matches!(Seen::of(slot.cell.word()).0, Seen::Live(_)))
+            .count();
         let closed = table.counters.occupied.load(Ordering::Relaxed) & super::table::CLOSED;
         table
             .counters
@@ -424,11 +419,7 @@ mod tests {
             "the migration ended"
         );
         assert_eq!(busy.cell.word(), COPIED | FROZEN, "the orphan owns no key");
-        let filled = n
-            .slots
-            .iter()
-            .filter(|slot| !matches!(Seen::of(slot.cell.word()), (Seen::Empty, _)))
-            .count();
+        let filled = n.filled();
         assert_eq!(n.occupied(), filled, "occupied counts the filled slots");
         for key in (0..8u64).filter(|&key| key != 2) {
             assert_eq!(slot_of(&map, key, &guard).1, key + 1, "key {key}");
@@ -647,11 +638,7 @@ mod tests {
         assert!(map.repair(&guard).is_none());
 
         assert_eq!(map.root.load(Ordering::Acquire, &guard), next);
-        let filled = n
-            .slots
-            .iter()
-            .filter(|slot| !matches!(Seen::of(slot.cell.word()), (Seen::Empty, _)))
-            .count();
+        let filled = n.filled();
         assert_eq!(n.occupied(), filled, "occupied against filled slots");
     }
 

@@ -193,11 +193,7 @@ impl<K> RawMap<K> {
             t.next.load(Ordering::Acquire, guard).is_null(),
             "a migration is under way"
         );
-        let filled = t
-            .slots
-            .iter()
-            .filter(|slot| !matches!(Seen::of(slot.cell.word()), (Seen::Empty, _)))
-            .count();
+        let filled = t.filled();
         assert_eq!(t.occupied(), filled, "occupied against filled slots");
     }
 }

@@ -5,6 +5,7 @@ use crossbeam_epoch::Atomic;
 use crossbeam_utils::CachePadded;
 
 use super::slot::Slot;
+use crate::cell::Seen;
 use crate::sync::{AtomicUsize, Ordering};
 
 /// The smallest table. Small in loom models so that growth happens after a
@@ -121,6 +122,15 @@ impl<K> Table<K> {
         } else {
             slot
         }
+    }
+
+    /// Slots filled (not EMPTY, frozen or not): what `occupied` counts
+    /// once nothing is in flight. A walk over the whole table.
+    pub(super) fn filled(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|slot| !matches!(Seen::of(slot.cell.word()), (Seen::Empty, _)))
+            .count()
     }
 
     /// Slots filled or reserved.
