@@ -11,9 +11,9 @@
 //! 2^63 - 3                BUSY       an insert has claimed the slot and is writing its key
 //! 2^63 - 2                COPIED     frozen, and the bucket now lives in the successor table
 //! 2^63 - 1                TOMBSTONE  evicted or reset: no update lands again
-//! FROZEN bit (2^63) | any of the above: a migration froze the slot
-//! BUSY | FROZEN           COPYING    frozen, and one thread is copying it (a BUSY slot is
-//!                                    never frozen, so the word is free for this)
+//! FROZEN bit (2^63) | EMPTY, COPIED or TOMBSTONE: a migration froze the slot
+//! BUSY | FROZEN           COPYING    a migration is copying the live bucket (a BUSY slot
+//!                                    is never frozen, so the word is free for this)
 //! ```
 //!
 //! So an algorithm's state must stay below [`STATE_END`] (`2^63 - 4`): a
@@ -38,9 +38,9 @@
 //!   denial may rest on the state just before one of those.) A change made
 //!   on another thread is seen by a later check the way any memory is:
 //!   once that change happens-before the check;
-//! - an evictor's claim, a reset and a migration's freeze are CASes on the
-//!   same atomic, so each either lands before an update (whose CAS then
-//!   fails and sees it) or after (and its own CAS fails).
+//! - an evictor's claim, a reset and a migration's COPYING mark are CASes
+//!   on the same atomic, so each either lands before an update (whose CAS
+//!   then fails and sees it) or after (and its own CAS fails).
 //!
 //! The slot's key is the one other piece of memory, and the word publishes
 //! it: the insert that claimed the slot (BUSY) writes the key and then
@@ -239,8 +239,8 @@ fn updatable(word: u64) -> Result<u64, Gone> {
     match Seen::of(word) {
         (Seen::Live(state), false) => Ok(state),
         (Seen::Dead, _) => Err(Gone::Dead),
-        // Frozen (live or copied): the bucket is the successor's now. EMPTY
-        // and BUSY are never handed out as a bucket.
+        // Copying or copied: the bucket is the successor's now. EMPTY and
+        // BUSY are never handed out as a bucket.
         _ => {
             probe!(UPDATE_MET_FROZEN);
             Err(Gone::Moved)
@@ -442,8 +442,7 @@ impl Cell {
     }
 
     /// The bucket's state now, for reads that write nothing (peeks, eviction
-    /// sampling). A frozen live cell still holds the current state: no
-    /// update lands anywhere until its copy is marked.
+    /// sampling).
     pub(crate) fn state(&self) -> Result<u64, Gone> {
         match Seen::of(self.word.load(Ordering::Relaxed)) {
             (Seen::Live(state), _) => Ok(state),

@@ -56,8 +56,7 @@
 //!
 //! Lookups and updates of existing keys take no lock and allocate nothing:
 //! a CAS on a cell fails only because another update, an eviction or a
-//! migration's freeze succeeded, and a check that meets its bucket frozen
-//! copies it on itself if the migration has not yet. Every loop in the map
+//! migration's copy succeeded. Every loop in the map
 //! is bounded (a probe visits each slot of a table at most once, a slot
 //! changes state a handful of times, a migration's successor always has a
 //! free slot for each bucket it receives: see `map::raw`), except the
@@ -70,12 +69,12 @@
 //!   lookup passes over it. So a thread the OS deschedules between them
 //!   holds up only the inserts and copies whose probe crosses that one
 //!   slot, until it runs again.
-//! - A bucket frozen by a migration is copied into the successor by the
-//!   one thread that wins its COPYING mark: a few steps with no code of the
-//!   key's. A lookup, insert or copy that meets the bucket COPYING waits
-//!   for them, and so does the migration chunk that holds the slot before
-//!   it counts as copied. A copier the OS deschedules there holds up only
-//!   the checks of that one key (and the end of that migration).
+//! - A live bucket is copied into the successor by the migration chunk
+//!   that holds its slot: its COPYING mark, then a few steps with no code
+//!   of the key's (its hash was taken before the mark). A lookup or insert
+//!   that meets its key COPYING waits for them. A copier the OS deschedules
+//!   there holds up only the checks of that one key (and the end of that
+//!   migration).
 //! - At `max_keys`, a check that finds no room for its key waits for the
 //!   inserts in flight among the keys that share its key's stripe (one of
 //!   `STRIPES`, by hash, in `map::inflight`), then looks its key up again

@@ -78,28 +78,18 @@ pub static UPDATE_MET_TOMBSTONE: Probe = Probe::new();
 /// An overflow eviction claimed no victim (its choice was updated or
 /// evicted by another thread first).
 pub static EVICTION_LOST: Probe = Probe::new();
-/// A check's CAS met a frozen cell: a migration froze its bucket between
-/// the lookup and the update, so the check goes on to the successor.
+/// A check's CAS met a cell a migration is copying (or has copied): its
+/// bucket moved between the lookup and the update, so the check goes on to
+/// the successor.
 pub static UPDATE_MET_FROZEN: Probe = Probe::new();
-/// A lookup or insert met its own key frozen and not yet copied, and copied
-/// it into the successor itself (the migration's claimer had not yet).
-pub static COPIED_BY_READER: Probe = Probe::new();
-/// A thread that would have copied a frozen bucket found another thread
-/// copying it (it won the CAS to COPYING first), and waited for its copy.
-pub static COPY_WON_BY_ANOTHER: Probe = Probe::new();
-/// A thread that would have copied a frozen bucket found it buried (its
-/// key's `Hash` panicked on the migrating thread).
-pub static COPY_FOUND_BURIED: Probe = Probe::new();
 /// An insert met a slot claimed by another insert still writing its key,
 /// and waited for it to be published.
 pub static INSERT_WAITED_FOR_BUSY_SLOT: Probe = Probe::new();
 /// A copy into the successor met a slot claimed by an insert still writing
 /// its key, and waited for it to be published.
 pub static COPY_WAITED_FOR_BUSY_SLOT: Probe = Probe::new();
-/// A migration chunk whose key's `Hash` panicked found a reader copying
-/// that bucket, and waited for the copy before counting the chunk.
-pub static PANICKED_CHUNK_WAITED_FOR_COPY: Probe = Probe::new();
-/// A migration chunk whose key's `Hash` panicked buried the bucket.
+/// A migration chunk whose key's `Hash` panicked buried the bucket (still
+/// live: a key is hashed before its bucket is marked COPYING).
 pub static PANICKED_CHUNK_BURIED: Probe = Probe::new();
 /// A check that found no room for its key waited for an insert in flight.
 pub static NO_ROOM_WAITED_FOR_INSERT: Probe = Probe::new();
@@ -130,7 +120,7 @@ pub static HOUSEKEEPING_RAN: Probe = Probe::new();
 /// (COPYING), and waited for the copy to land.
 pub static WAITED_FOR_COPY: Probe = Probe::new();
 /// A migration's chunk met a slot claimed by an insert still writing its
-/// key, and waited for it before freezing and copying it.
+/// key, and waited for it before copying or freezing it.
 pub static MIGRATION_WAITED_FOR_INSERT: Probe = Probe::new();
 /// A migration retired its old table (the root swung past it).
 pub static TABLE_RETIRED: Probe = Probe::new();

@@ -347,11 +347,12 @@ fn update_races_eviction() {
     );
 }
 
-/// (d) An update racing a migration (growth) that freezes and copies its
-/// cell: the update either lands before the freeze (and is copied) or
-/// fails on the frozen cell and retries in the successor; when it finds the
-/// cell frozen but not yet copied, it copies the cell itself, and the
-/// migration's own copy then finds the key in place (never two buckets).
+/// (d) An update racing a migration (growth) that copies its cell: the
+/// update either lands before the migration's COPYING mark (whose CAS then
+/// fails, and the chunk copies the state it reads again) or fails on the
+/// mark and retries in the successor, waiting while the copy lands if it
+/// finds the bucket still COPYING (never two buckets, never a lost
+/// update).
 #[test]
 fn update_races_growth() {
     let since = model(|| {
@@ -375,18 +376,8 @@ fn update_races_growth() {
     );
     reached(
         since,
-        &probe::COPIED_BY_READER,
-        "a check copying its frozen cell before the migration did",
-    );
-    reached(
-        since,
-        &probe::COPY_WON_BY_ANOTHER,
-        "a copier finding the other thread copying the bucket, and waiting",
-    );
-    reached(
-        since,
         &probe::WAITED_FOR_COPY,
-        "a thread waiting while the other thread's copy of the bucket lands",
+        "a check waiting while the migration's copy of its bucket lands",
     );
 }
 
@@ -876,11 +867,11 @@ mod keys {
 }
 
 /// (o) A key whose `Hash` panics on the migrating thread, while a reader
-/// copies its frozen bucket: the migration's chunk must wait for that copy
-/// before it counts, or the root can swing before the copy lands and a
-/// check on the new root inserts a second bucket for the key beside it.
-/// Keys own heap memory: every key made is dropped exactly once, by the
-/// table that owns it when the limiter goes.
+/// checks it: the chunk buries the bucket, which is still live (a key is
+/// hashed before its COPYING mark), before it counts, or the root could
+/// swing past a live bucket and a check on the new root insert a second
+/// bucket for the key beside it. Keys own heap memory: every key made is
+/// dropped exactly once, by the table that owns it when the limiter goes.
 #[test]
 fn a_panicking_hash_never_splits_a_key() {
     use keys::{Id, Owned, LIVE, PANIC_HASH};
@@ -902,7 +893,7 @@ fn a_panicking_hash_never_splits_a_key() {
         assert!(limiter.check(&Id(1)).is_allowed());
         PANIC_HASH.store(true, Relaxed);
         let reader = limiter.clone();
-        // Copies key 1's bucket if it meets it frozen.
+        // Races the chunk's burial of key 1's bucket.
         let a = spawn(move || reader.check(&Id(1)));
         // Key 2 starts the migration; its chunks hash key 1 and panic.
         let two = catch_unwind(AssertUnwindSafe(|| limiter.check(&Id(2))));
@@ -924,11 +915,6 @@ fn a_panicking_hash_never_splits_a_key() {
     });
     assert_eq!(LIVE.load(Relaxed), 0, "a key dropped twice or never");
     let _ = std::panic::take_hook();
-    reached(
-        since,
-        &probe::PANICKED_CHUNK_WAITED_FOR_COPY,
-        "a panicked chunk finding a reader copying the bucket",
-    );
     reached(
         since,
         &probe::PANICKED_CHUNK_BURIED,
@@ -987,7 +973,7 @@ fn operations_race_growth() {
         assert!(limiter.reset(&1), "key 1 was tracked");
         // Absent or admitted once: either way a request would be admitted.
         assert!(limiter.peek(&2).is_allowed());
-        // The race is this thread's operations meeting the frozen bucket,
+        // The race is this thread's operations meeting the bucket being copied,
         // not the checks after the join.
         if probe::UPDATE_MET_FROZEN.last() > start {
             RACED.store(true, Ordering::Relaxed);
@@ -1009,7 +995,7 @@ fn operations_race_growth() {
 }
 
 /// (r) A batch racing growth: `check_batch` of key 1 twice while another
-/// key's insert starts a migration that freezes key 1's bucket; both of the
+/// key's insert starts a migration that copies key 1's bucket; both of the
 /// batch's decisions count, in order.
 #[test]
 fn check_batch_races_growth() {
@@ -1023,7 +1009,7 @@ fn check_batch_races_growth() {
         let a = spawn(move || other.check(&2).is_allowed());
         let mut out = Vec::new();
         limiter.check_batch(&[1, 1], &mut out);
-        // The race is the batch meeting the frozen bucket, not the check
+        // The race is the batch meeting the bucket being copied, not the check
         // after the join.
         if probe::UPDATE_MET_FROZEN.last() > start {
             RACED.store(true, Ordering::Relaxed);

@@ -294,22 +294,15 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
     }
 
     /// Migrates `slot` of the root into `next` unless it is migrated
-    /// already (frozen empty, dead or copied); a frozen live bucket, which
-    /// its vanished claimer froze but did not copy, is copied.
+    /// already (frozen empty, dead or copied: every word with the FROZEN
+    /// bit, since a live word is never frozen).
     fn migrate_again(&self, slot: &Slot<K>, next: &Table<K>) {
-        match Seen::of(slot.cell.word()) {
-            (Seen::Live(state), true) => {
-                // SAFETY: a live word: its key is published.
-                let hash = unsafe { slot.hash_with(&self.hasher) };
-                let _ = self.move_bucket(slot, next, state, hash, None);
-            }
-            (_, true) => {}
-            (_, false) => {
-                let mut copies = 0;
-                let _ = self.migrate_slot(slot, next, &|_| false, &mut copies);
-                next.counters.copied.fetch_add(copies, Ordering::Relaxed);
-            }
+        if Seen::of(slot.cell.word()).1 {
+            return;
         }
+        let mut copies = 0;
+        let _ = self.migrate_slot(slot, next, &|_| false, &mut copies);
+        next.counters.copied.fetch_add(copies, Ordering::Relaxed);
     }
 }
 
@@ -395,15 +388,13 @@ mod tests {
         let (_, n, next) = migration_handed_out(&map, half, &guard);
         // key 1: copied, its COPIED mark not yet written;
         let (slot, state) = slot_of(&map, 1, &guard);
-        assert!(slot.cell.freeze(slot.cell.word()) && slot.cell.start_copy(state));
+        assert!(slot.cell.start_copy(state));
         // SAFETY: the word was live; both tables are alive.
         assert!(unsafe { n.place_copy(slot, state, map.hash(&1u64)) });
         // key 2: its copy won, not yet placed (its state went with it);
         let (slot, state) = slot_of(&map, 2, &guard);
-        assert!(slot.cell.freeze(slot.cell.word()) && slot.cell.start_copy(state));
-        // key 3: frozen, not yet copied;
-        let (slot, _) = slot_of(&map, 3, &guard);
-        assert!(slot.cell.freeze(slot.cell.word()));
+        assert!(slot.cell.start_copy(state));
+        // key 3: live, its chunk's thread gone before it reached it;
         // and an insert into the successor claimed a slot, not published.
         let busy = n
             .slots
@@ -571,7 +562,7 @@ mod tests {
             let key = Owned::new(base + 1);
             let slot = map.find(map.hash(&key), &key, &guard).expect("the key");
             let state = slot.cell.state().expect("live");
-            assert!(slot.cell.freeze(slot.cell.word()) && slot.cell.start_copy(state));
+            assert!(slot.cell.start_copy(state));
             // SAFETY: the word was live; both tables are alive.
             assert!(unsafe { n.place_copy(slot, state, map.hash(&key)) });
             drop(key);
@@ -626,13 +617,13 @@ mod tests {
         // Key 1: placed and published; its copier vanished before it
         // counted the copy.
         let (slot, state) = slot_of(&map, 1, &guard);
-        assert!(slot.cell.freeze(slot.cell.word()) && slot.cell.start_copy(state));
+        assert!(slot.cell.start_copy(state));
         // SAFETY: the word was live; both tables are alive.
         // (`place_copy` counts nothing: its callers count in `copied`.)
         assert!(unsafe { n.place_copy(slot, state, map.hash(&1u64)) });
         // Key 2: its copier claimed a slot of the successor and vanished.
         let (slot, state) = slot_of(&map, 2, &guard);
-        assert!(slot.cell.freeze(slot.cell.word()) && slot.cell.start_copy(state));
+        assert!(slot.cell.start_copy(state));
         assert!(n.slots.iter().any(|slot| slot.cell.claim_empty()));
 
         assert!(map.repair(&guard).is_none());

@@ -6,11 +6,12 @@
 //! ```text
 //! EMPTY ──claim──▶ BUSY ──publish──▶ live ──claim──▶ TOMBSTONE ──freeze──▶ TOMBSTONE|FROZEN
 //!   │                                  │
-//!   └─freeze─▶ EMPTY|FROZEN            └─freeze─▶ live|FROZEN ──win──▶ COPYING ──placed──▶ COPIED|FROZEN
-//!              (never filled)                         │
-//!                                                     └─▶ TOMBSTONE|FROZEN (its key's Hash
-//!                                                         panicked; or no room, which the
-//!                                                         sizing rules out)
+//!   └─freeze─▶ EMPTY|FROZEN            ├─copy (a migration's chunk)─▶ COPYING ──placed──▶ COPIED|FROZEN
+//!              (never filled)          │                                 │
+//!                                      │                                 └─▶ TOMBSTONE|FROZEN (no room,
+//!                                      │                                     which the sizing rules out)
+//!                                      └─bury─▶ TOMBSTONE|FROZEN (its key's Hash panicked
+//!                                               in the migration that would copy it)
 //! ```
 //!
 //! - **BUSY** lasts a few instructions: the claimer has already built its
@@ -18,7 +19,14 @@
 //!   lookup passes over a BUSY slot (a key not yet published is not yet
 //!   there); an insert, a copy and a migration wait for it to be published,
 //!   because it may hold their key. **COPYING** likewise lasts a few steps
-//!   with no code of the key's: a thread that meets it waits for COPIED.
+//!   with no code of the key's (the chunk hashed the key while the bucket
+//!   was still live): a thread that meets it waits for COPIED.
+//! - **A live word is never frozen.** The chunk that migrates a slot takes
+//!   a live bucket straight to COPYING, one CAS: that CAS fails if an
+//!   update landed since the chunk read the word (the chunk reads it again
+//!   and retries), and every update after it fails on COPYING. So the
+//!   state copied is the bucket's last, and one thread, decided before
+//!   anything is published, copies it.
 //! - **Probe chains.** A slot never becomes EMPTY again, and inserts only
 //!   fill the first EMPTY slot of a key's probe sequence. So if a probe
 //!   from a key's home reaches an EMPTY slot without meeting the key, the
@@ -69,24 +77,25 @@ impl Cell {
     /// `word` → `word`|FROZEN: no CAS of an update, claim or insert lands
     /// on the cell after this. False if the word was not `word` any more.
     pub(crate) fn freeze(&self, word: u64) -> bool {
-        debug_assert!(word & FROZEN == 0 && word != BUSY);
+        debug_assert!(
+            matches!(Seen::of(word), (Seen::Empty | Seen::Dead, false)),
+            "only an empty or dead slot is frozen"
+        );
         self.word
             .compare_exchange(word, word | FROZEN, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
     }
 
-    /// Frozen live `state` → COPYING: this thread, and no other, copies the
-    /// bucket to the successor. False if another thread won (or the bucket
-    /// was buried). Deciding the copier before anything is published is
-    /// what keeps one owner per key: no second copy can ever be placed.
+    /// Live `state` → COPYING: this thread, and no other, copies the
+    /// bucket to the successor, and no update lands on it any more. False
+    /// if the word was not live `state` any more (an update, an eviction or
+    /// a reset came first). Deciding the copier before anything is
+    /// published is what keeps one owner per key: no second copy can ever
+    /// be placed. Only the thread that holds the slot's migration chunk
+    /// calls it, after hashing the key.
     pub(crate) fn start_copy(&self, state: u64) -> bool {
         self.word
-            .compare_exchange(
-                live(state) | FROZEN,
-                COPYING,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            )
+            .compare_exchange(live(state), COPYING, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
     }
 
@@ -104,13 +113,13 @@ impl Cell {
         self.word.store(TOMBSTONE | FROZEN, Ordering::Relaxed);
     }
 
-    /// Frozen live `state` → frozen TOMBSTONE: a bucket whose key's `Hash`
-    /// panicked while a migration held it frozen. False if a copier won it
-    /// first (which then owns its fate).
-    pub(crate) fn kill_frozen(&self, state: u64) -> bool {
+    /// Live `state` → frozen TOMBSTONE: a bucket whose key's `Hash`
+    /// panicked in the migration chunk that held its slot, so it cannot be
+    /// copied. False if the word was not live `state` any more.
+    pub(crate) fn bury(&self, state: u64) -> bool {
         self.word
             .compare_exchange(
-                live(state) | FROZEN,
+                live(state),
                 TOMBSTONE | FROZEN,
                 Ordering::Relaxed,
                 Ordering::Relaxed,
@@ -142,26 +151,36 @@ mod tests {
     use crate::cell::{Cell, Gone, Seen};
 
     #[test]
-    fn a_frozen_cell_refuses_writes_but_reads_its_state() {
+    fn a_cell_being_copied_refuses_writes_and_has_one_copier() {
         let gcra = Gcra::new(&"1/s burst 5".parse().unwrap());
         let cell = Cell::new(0);
         let _ = cell.update(&gcra, 0, 1);
-        let word = cell.word();
-        assert!(cell.freeze(word));
-        assert_eq!(cell.update(&gcra, 0, 1), Err(Gone::Moved));
-        assert_eq!(cell.claim(|_| true), Err(Gone::Moved));
-        assert_eq!(cell.modify(|_| Some(7)), Err(Gone::Moved));
         let state = cell.state().unwrap();
         assert_eq!(state, 1_000_000_000);
+        assert!(!cell.start_copy(state + 1), "a stale state is not copied");
         assert!(cell.start_copy(state));
         assert!(!cell.start_copy(state), "one copier");
         assert_eq!(Seen::of(cell.word()), (Seen::Copying, true));
-        assert!(
-            !cell.kill_frozen(state),
-            "a bucket being copied is not buried"
-        );
+        assert_eq!(cell.update(&gcra, 0, 1), Err(Gone::Moved));
+        assert_eq!(cell.claim(|_| true), Err(Gone::Moved));
+        assert_eq!(cell.modify(|_| Some(7)), Err(Gone::Moved));
+        assert_eq!(cell.state(), Err(Gone::Moved));
+        assert!(!cell.bury(state), "a bucket being copied is not buried");
         cell.finish_copy();
         assert_eq!(Seen::of(cell.word()), (Seen::Copied, true));
         assert_eq!(cell.state(), Err(Gone::Moved));
+    }
+
+    #[test]
+    fn a_bucket_whose_hash_panicked_is_buried_from_its_last_state() {
+        let gcra = Gcra::new(&"1/s burst 5".parse().unwrap());
+        let cell = Cell::new(0);
+        let _ = cell.update(&gcra, 0, 1);
+        let state = cell.state().unwrap();
+        let _ = cell.update(&gcra, 0, 1);
+        assert!(!cell.bury(state), "an update landed since");
+        assert!(cell.bury(cell.state().unwrap()));
+        assert_eq!(Seen::of(cell.word()), (Seen::Dead, true));
+        assert_eq!(cell.update(&gcra, 0, 1), Err(Gone::Dead));
     }
 }

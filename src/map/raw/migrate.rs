@@ -4,8 +4,8 @@
 //! `compact_if_sparse`), a successor sized for the live keys is installed
 //! in `next`. From then on new keys go to the successor, and callers copy
 //! the old table a chunk at a time: each chunk is claimed by one thread (a
-//! `fetch_add` on a cursor), which evicts idle buckets, freezes every slot
-//! and copies the live ones. The thread that finishes the last chunk
+//! `fetch_add` on a cursor), which evicts idle buckets, copies the live
+//! ones (each marked COPYING, then COPIED) and freezes the rest. The thread that finishes the last chunk
 //! swings the root to the successor and retires the old table
 //! (`crate::map::pin::retire`). A successor migrates only after it has
 //! become the root, so there are at most two tables at a time.
@@ -66,18 +66,6 @@ pub(super) enum Moved {
     Dropped,
 }
 
-/// How `move_bucket` left a frozen live bucket.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Move {
-    /// In the successor, copied by this thread.
-    CopiedHere,
-    /// In the successor, copied by another thread (this one waited).
-    CopiedByAnother,
-    /// Lost: the copy was abandoned because the successor had no room,
-    /// which its sizing rules out.
-    Lost,
-}
-
 impl<K> RawMap<K> {
     /// The capacity of a successor for `live` keys: [`capacity_for`]'s, at
     /// most the largest table unless `live` needs more.
@@ -87,85 +75,29 @@ impl<K> RawMap<K> {
 }
 
 impl<K: Hash + Eq> RawMap<K> {
-    /// Sees the frozen bucket in `slot` (of `table`, whose key hashes to
-    /// `hash`) into the successor: copies it there if no thread has started
-    /// to, or waits for the thread that has. Any thread may call it: what a
-    /// check that met its bucket frozen does before it looks again.
-    #[cold]
-    pub(super) fn copy_frozen(&self, table: &Table<K>, slot: &Slot<K>, hash: u64, guard: &Guard) {
-        match Seen::of(slot.cell.word()) {
-            (Seen::Live(state), true) => {
-                // A live slot is frozen only by a migration's chunk, after
-                // the successor is installed, and `next` is never reset.
-                let next = table.next.load(Ordering::Acquire, guard);
-                debug_assert!(
-                    !next.is_null(),
-                    "a frozen bucket in a table with no successor"
-                );
-                // SAFETY: checked non-null; the successor is retired only
-                // through the pin, which waits for `guard`'s.
-                if let Some(next) = unsafe { next.as_ref() } {
-                    if self.move_bucket(slot, next, state, hash, None) == Move::CopiedHere {
-                        probe!(COPIED_BY_READER);
-                    }
-                }
-            }
-            (Seen::Copying, _) => {
-                Self::wait_for_copy(slot);
-            }
-            // Copied or buried since the caller looked.
-            _ => {}
-        }
-    }
-
-    /// Moves the frozen live bucket in `slot` (state `state`, key hash
-    /// `hash`) to `next`, if this thread wins the right to: one CAS to
-    /// COPYING decides the one copier before anything is published, so a
-    /// key never has two owners and no second copy is ever placed, however
-    /// its `Eq` behaves. The winner places the copy and marks the slot
-    /// COPIED, with no code of the key's in between; a loser waits for that
-    /// mark. Returns how the move ended, as this thread saw it.
-    ///
-    /// A copy placed here is counted in `next`'s `copied` before the COPIED
-    /// mark, or, for a migration's chunk, in `chunk_copies`, which the
-    /// chunk adds to `copied` once before it counts as migrated: one write
-    /// of the successor's counters a chunk instead of one a bucket (inserts
-    /// into the successor write the same line). Either way the copy is
-    /// counted before the migration can end and read the count.
-    pub(super) fn move_bucket(
+    /// Copies the bucket in `slot`, which this thread took from live
+    /// `state` to COPYING (`Cell::start_copy`), into `next` (`hash` is its
+    /// key's), with no code of the key's on the way, and marks the slot
+    /// COPIED; counts the copy in `copies`, which the chunk adds to
+    /// `next`'s `copied` once before it counts as migrated (inserts into
+    /// the successor write the same line). False if the successor had no
+    /// room, which its sizing rules out.
+    fn copy_won(
         &self,
         slot: &Slot<K>,
         next: &Table<K>,
         state: u64,
         hash: u64,
-        chunk_copies: Option<&mut usize>,
-    ) -> Move {
-        if !slot.cell.start_copy(state) {
-            // Another thread won the copy, or buried the bucket.
-            return match Self::wait_for_copy(slot) {
-                Seen::Copied => {
-                    probe!(COPY_WON_BY_ANOTHER);
-                    Move::CopiedByAnother
-                }
-                _ => {
-                    probe!(COPY_FOUND_BURIED);
-                    Move::Lost
-                }
-            };
-        }
-        // SAFETY: the word was live before this thread froze or won it: the
-        // key is published; the caller's guard keeps both tables alive.
+        copies: &mut usize,
+    ) -> bool {
+        // SAFETY: the word was live when this thread won it: the key is
+        // published; the caller's guard keeps both tables alive.
         if unsafe { next.place_copy(slot, state, hash) } {
             // Its slot was reserved in `occupied` when `next` was made
             // (`reserved_for_copies`).
-            match chunk_copies {
-                Some(copies) => *copies += 1,
-                None => {
-                    next.counters.copied.fetch_add(1, Ordering::Relaxed);
-                }
-            }
+            *copies += 1;
             slot.cell.finish_copy();
-            Move::CopiedHere
+            true
         } else {
             // No room: impossible by the sizing argument, but a lost bucket
             // is a better failure than a hang. Settled before the assertion,
@@ -173,14 +105,15 @@ impl<K: Hash + Eq> RawMap<K> {
             slot.cell.abandon_copy();
             self.len.fetch_sub(1, Ordering::Relaxed);
             debug_assert!(false, "a copy found its successor full");
-            Move::Lost
+            false
         }
     }
 
     /// Waits while another thread copies the bucket in `slot` (a few steps
-    /// with no code of the key's: see `move_bucket`); returns what the slot
-    /// holds after the copy (COPIED, or dead if the copy was abandoned).
-    pub(super) fn wait_for_copy(slot: &Slot<K>) -> Seen {
+    /// with no code of the key's: see `copy_won`); what a lookup or insert
+    /// that meets its own key COPYING does before it looks again.
+    #[cold]
+    pub(super) fn wait_for_copy(slot: &Slot<K>) {
         let mut waited = 0;
         loop {
             match Seen::of(slot.cell.word()).0 {
@@ -188,40 +121,30 @@ impl<K: Hash + Eq> RawMap<K> {
                     probe!(WAITED_FOR_COPY);
                     wait_briefly(&mut waited);
                 }
-                seen => return seen,
+                _ => return,
             }
         }
     }
 
-    /// Settles a slot whose key's `Hash` panicked while this thread's
-    /// migration chunk held it frozen, so that the chunk can count as
-    /// migrated: buries the bucket (it is lost, as if evicted), unless a
-    /// reader won its copy first, in which case waits for the copy to land
-    /// as `move_bucket`'s losers do. A chunk never counts while one of its
-    /// slots is COPYING: the root could otherwise swing before the copy
-    /// lands, and a check on the new root insert a second bucket for the
-    /// key beside it.
+    /// Settles a slot whose key's `Hash` panicked in this thread's
+    /// migration chunk, so that the chunk can count as migrated: the
+    /// bucket is still live (its key is hashed before its COPYING mark), so
+    /// it is buried, lost as if evicted. Nothing of the key's runs once the
+    /// slot is COPYING, so the panic never leaves one behind.
     #[cold]
     pub(super) fn settle_panicked(&self, slot: &Slot<K>) {
-        loop {
-            match Seen::of(slot.cell.word()) {
-                (Seen::Live(state), true) => {
-                    if slot.cell.kill_frozen(state) {
-                        self.len.fetch_sub(1, Ordering::Relaxed);
-                        probe!(PANICKED_CHUNK_BURIED);
-                        return;
-                    }
-                    // A reader won the copy first: look again.
-                }
-                (Seen::Copying, _) => {
-                    probe!(PANICKED_CHUNK_WAITED_FOR_COPY);
-                    Self::wait_for_copy(slot);
-                    return;
-                }
-                // Copied, dead or empty: settled.
-                _ => return,
+        while let (Seen::Live(state), false) = Seen::of(slot.cell.word()) {
+            // An update may land first: look again.
+            if slot.cell.bury(state) {
+                self.len.fetch_sub(1, Ordering::Relaxed);
+                probe!(PANICKED_CHUNK_BURIED);
+                return;
             }
         }
+        debug_assert!(
+            !matches!(Seen::of(slot.cell.word()).0, Seen::Copying),
+            "a chunk's panic left a slot COPYING"
+        );
     }
 
     /// The table to go on to from `table`, where a key is absent and cannot
@@ -402,9 +325,9 @@ impl<K: Hash + Eq> RawMap<K> {
         let mut copies = 0;
         let mut panicked = None;
         for slot in &t.slots[start..end] {
-            // A key's `Hash` or `Eq` may panic while its bucket is frozen:
-            // the bucket is lost (as if evicted), the chunk is finished so
-            // the migration can still end, and the panic goes on after.
+            // A key's `Hash` may panic before its bucket is copied: the
+            // bucket is lost (as if evicted), the chunk is finished so the
+            // migration can still end, and the panic goes on after.
             let moved = catch_unwind(AssertUnwindSafe(|| {
                 self.migrate_slot(slot, n, idle, &mut copies)
             }));
@@ -492,8 +415,8 @@ impl<K: Hash + Eq> RawMap<K> {
         }
     }
 
-    /// Evicts the bucket in `slot` if it is idle, freezes the slot and
-    /// copies a live bucket on (this thread owns the slot's migration: it
+    /// Evicts the bucket in `slot` if it is idle, copies a live bucket on
+    /// and freezes what is left (this thread owns the slot's migration: it
     /// claimed the chunk), counting a copy it places in `copies`.
     pub(super) fn migrate_slot(
         &self,
@@ -504,12 +427,16 @@ impl<K: Hash + Eq> RawMap<K> {
     ) -> Moved {
         let mut evicted = false;
         let mut waited = 0;
-        // Only the claimer freezes a filled slot, so this loop ends once
-        // the inserts and updates racing it are done: an insert fills or
-        // freezes an EMPTY slot once, and publishes a BUSY one within a few
-        // instructions; each update that beats a CAS here is one more
-        // decision made on the old table, which the copy then carries.
-        let state = loop {
+        // The key's hash, computed once while its bucket is live (the key
+        // never changes; only its state does).
+        let mut hash = None;
+        // Only the claimer copies or freezes a filled slot, so this loop
+        // ends once the inserts and updates racing it are done: an insert
+        // fills or freezes an EMPTY slot once, and publishes a BUSY one
+        // within a few instructions; each update that beats a CAS here is
+        // one more decision made on the old table, which the copy then
+        // carries.
+        loop {
             let word = slot.cell.word();
             match Seen::of(word) {
                 // Frozen by an insert that moved on to the successor.
@@ -525,11 +452,23 @@ impl<K: Hash + Eq> RawMap<K> {
                 }
                 (Seen::Live(state), false) => {
                     if idle.is_idle(state) {
-                        // Evicted before the freeze, by the same claim as a
+                        // Evicted before the copy, by the same claim as a
                         // sweep's: then left behind as dead.
                         evicted |= self.claim_if_idle(slot, idle);
-                    } else if slot.cell.freeze(word) {
-                        break state;
+                        continue;
+                    }
+                    // The key's own code runs here, while the bucket is
+                    // live and updates still land on it: never while the
+                    // slot is COPYING, which other threads wait on.
+                    // SAFETY: the word was live: the key is published;
+                    // `guard` (the caller's) keeps the table alive.
+                    let hash = *hash.get_or_insert_with(|| unsafe { slot.hash_with(&self.hasher) });
+                    if slot.cell.start_copy(state) {
+                        return if self.copy_won(slot, next, state, hash, copies) {
+                            Moved::Copied
+                        } else {
+                            Moved::Dropped
+                        };
                     }
                 }
                 (Seen::Dead, false) => {
@@ -552,20 +491,12 @@ impl<K: Hash + Eq> RawMap<K> {
                     unreachable!("COPIED and COPYING are frozen")
                 }
             }
-        };
-        // SAFETY: the word was live: the key is published; `guard` (the
-        // caller's) keeps both tables alive.
-        let hash = unsafe { slot.hash_with(&self.hasher) };
-        // A reader that met the bucket frozen may have copied it already.
-        match self.move_bucket(slot, next, state, hash, Some(copies)) {
-            Move::CopiedHere | Move::CopiedByAnother => Moved::Copied,
-            Move::Lost => Moved::Dropped,
         }
     }
 }
 
 impl<K> Table<K> {
-    /// Puts a copy of the frozen bucket in `from` (state `state`, key hash
+    /// Puts a copy of the COPYING bucket in `from` (state `state`, key hash
     /// `hash`) into the first free slot of its chain in this (not yet
     /// migrating) table; false if there is none, which the sizing of
     /// successors rules out. The caller won the right to copy it

@@ -15,15 +15,21 @@
 //! and the one-probe floor, are in `BENCHMARKS.md`.
 //!
 //! A cell must never be copied while it can still be updated, or an update
-//! made on the old copy is lost. So a migration *freezes* a cell before it
-//! copies it: one CAS sets the word's FROZEN bit, which makes every later
-//! update, claim or insert CAS on it fail (see `crate::cell`). A check that
-//! meets a frozen cell copies it into the successor itself if no thread has
-//! started to (or waits for the one that has), and retries there. Who
-//! copies is decided by one CAS to COPYING before anything is published,
-//! so there is never a second copy and a key never has two owners. This
-//! is Cliff Click's non-blocking hash table protocol, with the frozen word
-//! in the role of his boxed "prime" value.
+//! made on the old copy is lost. So the migration's chunk that holds a
+//! live cell's slot takes it to COPYING before it copies it: one CAS from
+//! the state it read, which fails if an update landed since (the chunk
+//! reads the state again), and after which every update, claim or insert
+//! CAS on the word fails (see `crate::cell`). The CAS decides the one
+//! copier before anything is published, so there is never a second copy
+//! and a key never has two owners; a check that meets its key COPYING
+//! waits for the copy (a few steps with no code of the key's: the key was
+//! hashed before) and retries in the successor. Empty and dead slots are
+//! frozen instead (a FROZEN bit), so that no insert fills them behind the
+//! migration. This is Cliff Click's non-blocking hash table protocol, with
+//! the COPYING word in the role of his boxed "prime" value, except that
+//! only the chunk's thread copies: a reader that helped would need a
+//! frozen state to copy from, and that state's CAS is one more locked
+//! instruction for every bucket copied (`BENCHMARKS.md`).
 //!
 //! # Rooms
 //!
@@ -199,9 +205,8 @@ impl<K> RawMap<K> {
 }
 
 impl<K: Hash + Eq> RawMap<K> {
-    /// The live, unfrozen bucket for `key`, if any. A frozen one met on
-    /// the way is copied into the successor first (see `copy_frozen`), and
-    /// found there.
+    /// The live bucket for `key`, if any. One met on its way to the
+    /// successor (COPYING) is waited for, and found there.
     #[inline]
     pub(crate) fn find<'g, Q>(&self, hash: u64, key: &Q, guard: &'g Guard) -> Option<&'g Slot<K>>
     where
@@ -224,9 +229,10 @@ impl<K: Hash + Eq> RawMap<K> {
                         if !frozen {
                             return Some(slot);
                         }
-                        // On its way to the successor: see it there, then
+                        // COPYING (a live word is never frozen): on its way
+                        // to the successor. Wait until it is there, then
                         // look at this slot again (COPIED now).
-                        self.copy_frozen(t, slot, hash, guard);
+                        Self::wait_for_copy(slot);
                         continue;
                     }
                     // BUSY: not published, so not there yet. COPIED: in the
@@ -338,9 +344,10 @@ impl<K: Hash + Eq> RawMap<K> {
                         if !frozen {
                             return (slot, false);
                         }
-                        // On its way to the successor, where it is found:
-                        // see it there, then look at this slot again.
-                        self.copy_frozen(t, slot, hash, guard);
+                        // COPYING: on its way to the successor, where it is
+                        // found. Wait until it is there, then look at this
+                        // slot again.
+                        Self::wait_for_copy(slot);
                         continue;
                     }
                     _ => {}

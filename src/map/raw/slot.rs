@@ -97,7 +97,7 @@ impl<K> Slot<K> {
     }
 
     /// Copies `from`'s key into this slot, bit for bit: the successor's
-    /// copy of a frozen bucket's key, which the old table stops owning
+    /// copy of a COPYING bucket's key, which the old table stops owning
     /// when it marks the bucket COPIED.
     ///
     /// # Safety
