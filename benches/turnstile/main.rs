@@ -7,6 +7,7 @@
 //! cargo bench --bench turnstile                       # everything
 //! cargo bench --bench turnstile -- direct             # the direct groups
 //! cargo bench --bench turnstile -- keyed              # the keyed groups
+//! cargo bench --bench turnstile -- inserts            # 1,000,000 new keys into a new limiter
 //! cargo bench --bench turnstile -- contended          # one bucket, two threads
 //! cargo bench --bench turnstile -- limiters           # 1, 9, 16 limiters in turn
 //! cargo bench --bench turnstile -- ops                # peek, refund, multi-limit
@@ -23,6 +24,7 @@ use criterion::{criterion_group, criterion_main};
 mod batch;
 mod contended;
 mod direct;
+mod inserts;
 mod keyed;
 mod limiters;
 mod mode;
@@ -33,6 +35,7 @@ criterion_group!(
     direct::bench,
     contended::bench,
     keyed::bench,
+    inserts::bench,
     limiters::bench,
     ops::bench,
     batch::bench
