@@ -1,6 +1,5 @@
-//! Adversary 5: the keyed map's one-CAS copy (a migration's chunk takes a
-//! live bucket straight to COPYING) raced by every operation on the
-//! buckets it copies, with exact oracles.
+//! The one-CAS copy raced by every operation on the buckets it copies,
+//! with exact oracles.
 //!
 //! Hot keys are hammered by many threads (check, peek, refund) while churn
 //! threads insert fresh keys and reset most of them again, so tables grow,
