@@ -203,8 +203,9 @@ fn a_key_whose_drop_checks_another_limiter_does_not_panic() {
 }
 
 // ---------------------------------------------------------------------------
-// A `Hash` that panics inside a migration, while readers copy the frozen
-// buckets themselves.
+// A `Hash` that panics inside a migration, while readers check the buckets
+// it cannot hash (still live: a chunk hashes a key before its COPYING
+// mark).
 
 thread_local! {
     /// This thread's `Hash` of a stored key panics (the migrating thread).
@@ -265,7 +266,8 @@ impl Hash for Hostile {
 /// Readers check 24 keys; one thread, whose `Hash` panics, keeps making the
 /// map migrate (resets make a quarter of the table dead, then `evict_idle`
 /// compacts and copies). Its chunks bury the buckets they cannot hash, while
-/// readers that met those buckets frozen are copying them into the successor.
+/// readers update those buckets (the burial's CAS then reads again; before
+/// 7e50904 the readers copied them, hence the name).
 /// Every key made must still be dropped exactly once, and `len` must end at 0.
 #[test]
 fn a_panicking_hash_in_a_migration_racing_reader_copies_keeps_len_and_drops_exact() {
@@ -290,7 +292,7 @@ fn a_panicking_hash_in_a_migration_racing_reader_copies_keeps_len_and_drops_exac
 
 /// The same panicking migrations with no concurrent
 /// reader (the migrating thread puts the keys back itself, its hash
-/// disarmed). Nobody copies a frozen bucket but the claimer, so the
+/// disarmed). Nobody updates a bucket while its chunk hashes it, so the
 /// bury-on-panic path alone is exercised: it must keep `len` and drops exact.
 #[test]
 fn a_panicking_hash_in_a_migration_without_readers_keeps_len_and_drops_exact() {
