@@ -266,11 +266,10 @@ impl Hash for Hostile {
 /// Readers check 24 keys; one thread, whose `Hash` panics, keeps making the
 /// map migrate (resets make a quarter of the table dead, then `evict_idle`
 /// compacts and copies). Its chunks bury the buckets they cannot hash, while
-/// readers update those buckets (the burial's CAS then reads again; before
-/// 7e50904 the readers copied them, hence the name).
+/// readers update those buckets (the burial's CAS then reads again).
 /// Every key made must still be dropped exactly once, and `len` must end at 0.
 #[test]
-fn a_panicking_hash_in_a_migration_racing_reader_copies_keeps_len_and_drops_exact() {
+fn a_panicking_hash_in_a_migration_racing_readers_keeps_len_and_drops_exact() {
     let _serial = serial();
     ARM_EQ.store(false, Ordering::Relaxed);
     let (panics, len_before, evicted, len_after) = panicking_migrations(4);
