@@ -119,6 +119,11 @@ pub static HOUSEKEEPING_RAN: Probe = Probe::new();
 /// A thread met a bucket that another thread is copying into the successor
 /// (COPYING), and waited for the copy to land.
 pub static WAITED_FOR_COPY: Probe = Probe::new();
+/// A lookup passed a slot by its tag alone: another key's (`map::raw::tags`).
+pub static LOOKUP_SKIPPED_BY_TAG: Probe = Probe::new();
+/// A lookup stopped at a slot with no tag that an insert or a copy holds
+/// BUSY: the end of its chain, as at an EMPTY slot (`map::raw::tags`).
+pub static LOOKUP_STOPPED_AT_A_CLAIM: Probe = Probe::new();
 /// A migration's chunk met a slot claimed by an insert still writing its
 /// key, and waited for it before copying or freezing it.
 pub static MIGRATION_WAITED_FOR_INSERT: Probe = Probe::new();

@@ -6,10 +6,10 @@
 //! does not also flip every other crate in the build that knows `cfg(loom)`.
 
 #[cfg(not(turnstile_loom))]
-pub(crate) use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 #[cfg(turnstile_loom)]
-pub(crate) use loom::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{fence, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 /// The lock quota changes take turns through (`crate::live`): never taken
 /// by a check.

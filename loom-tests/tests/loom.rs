@@ -1154,3 +1154,39 @@ fn one_new_key_at_the_bound_evicts_once() {
         "a first request finding its key's stripe claimed by the other",
     );
 }
+
+/// (s) Tags (`map::raw::tags`; every key is tagged under loom): a key's
+/// first check races another key's insert on its chain. The lookup passes
+/// the other key's slot by its tag alone, or stops at it while the insert
+/// holds it claimed and untagged (the end of the chain, as at an EMPTY
+/// slot: no key is ever published past a claimed slot). Either way each
+/// key ends with one bucket and its one admission.
+#[test]
+fn a_lookup_races_an_insert_on_its_chain() {
+    let since = model(|| {
+        let clock = ManualClock::new();
+        let limiter = keyed(2, &clock);
+        assert!(limiter.check(&1).is_allowed());
+        let other = limiter.clone();
+        // Keys 2 and 7 share their home in every table of the models' sizes
+        // (the loom hasher's seeds are fixed), and their tags differ.
+        let a = spawn(move || other.check(&2).is_allowed());
+        assert!(limiter.check(&7).is_allowed());
+        assert!(a.join().unwrap());
+        assert_eq!(limiter.len(), 3, "a key with two buckets, or none");
+        // One admission each of a burst of 2: a request would take the last.
+        for key in [1, 2, 7] {
+            assert_eq!(limiter.peek(&key).remaining(), 0, "key {key}");
+        }
+    });
+    reached(
+        since,
+        &probe::LOOKUP_SKIPPED_BY_TAG,
+        "a lookup passing another key's slot by its tag",
+    );
+    reached(
+        since,
+        &probe::LOOKUP_STOPPED_AT_A_CLAIM,
+        "a lookup stopping at a slot claimed and not yet tagged",
+    );
+}

@@ -239,9 +239,14 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
         let n = unsafe { next.as_ref() };
         count(MAPS);
         for table in std::iter::once(t).chain(n) {
-            for slot in table.slots.iter() {
+            for (index, slot) in table.slots.iter().enumerate() {
                 if slot.cell.word() == crate::cell::BUSY {
                     slot.cell.orphan();
+                    // Keys inserted from now on may lie past it: a lookup
+                    // must not stop at it (`super::tags`).
+                    if super::tags::tagged::<K>() {
+                        table.tags.set_any(index);
+                    }
                     count(ORPHANS);
                 }
             }
@@ -465,6 +470,45 @@ mod tests {
     /// `len` and a slot): the repair counts both again and keeps the table
     /// closed, and the child's next insert installs the successor itself,
     /// sized from the recounted `len`, and goes on through growths.
+    /// A tagged map (`String` keys): a slot a vanished insert held BUSY had
+    /// no tag yet, and a lookup stops at a tag of 0 (`super::tags`). Once
+    /// the repair has orphaned it, keys inserted later may lie past it, so
+    /// the repair tags it: without that, the key below is inserted past the
+    /// orphan and then never found.
+    #[test]
+    fn a_slot_orphaned_by_the_repair_is_tagged_so_lookups_pass_it() {
+        let map = RawMap::<String>::new(ahash::RandomState::with_seeds(5, 6, 7, 8), 1_000);
+        let guard = pin();
+        // SAFETY: the root is alive under `guard`.
+        let t = unsafe { map.root.load(Ordering::Acquire, &guard).deref() };
+        let orphan = 3;
+        assert!(t.slots[orphan].cell.claim_empty() && map.try_reserve(usize::MAX));
+        assert_eq!(t.tags.get(orphan), 0, "claimed, not yet tagged");
+
+        assert!(map.repair(&guard).is_none());
+        assert_ne!(t.tags.get(orphan), 0, "the orphan is tagged");
+
+        let key = (0..)
+            .map(|i| format!("past the orphan {i}"))
+            .find(|key| t.home(map.hash(key.as_str())) == orphan)
+            .expect("a key whose home is the orphan");
+        let hash = map.hash(key.as_str());
+        assert!(map.try_reserve(usize::MAX));
+        let (slot, inserted) = map.insert(
+            hash,
+            key.as_str(),
+            || key.clone(),
+            || 1,
+            &never_idle,
+            &guard,
+        );
+        assert!(inserted);
+        let found = map
+            .find(hash, key.as_str(), &guard)
+            .expect("the key past the orphan");
+        assert!(std::ptr::eq(found, slot));
+    }
+
     #[test]
     fn a_root_closed_without_a_successor_is_counted_again_and_still_grows() {
         let map = map_of_eight();

@@ -42,6 +42,19 @@ impl<'t, K> Chain<'t, K> {
         &self.table.slots[self.index]
     }
 
+    /// The tag of the slot the walk is at (see `super::tags`).
+    #[inline]
+    pub(super) fn tag(&self) -> u8 {
+        self.table.tags.get(self.index)
+    }
+
+    /// Tags the slot the walk is at with `hash`'s fingerprint: its
+    /// claimer, before it publishes it.
+    #[inline]
+    pub(super) fn set_tag(&self, hash: u64) {
+        self.table.tags.set(self.index, hash)
+    }
+
     /// Moves on to the next slot; false when the walk has visited every
     /// slot it was made for.
     #[inline]

@@ -30,7 +30,9 @@
 //! - **Probe chains.** A slot never becomes EMPTY again, and inserts only
 //!   fill the first EMPTY slot of a key's probe sequence. So if a probe
 //!   from a key's home reaches an EMPTY slot without meeting the key, the
-//!   key is not in this table.
+//!   key is not in this table. (Nor past a slot BUSY on its chain: an
+//!   insert or a copy waits for a BUSY slot to be published before it
+//!   goes on. Lookups in a tagged map rely on it: `super::tags`.)
 //! - **One live bucket per key.** An insert publishes a key only after
 //!   probing its whole chain in every table (old before new) without
 //!   finding it live; a bucket is copied once, by the thread that won its

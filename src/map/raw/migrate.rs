@@ -505,6 +505,9 @@ impl<K> Table<K> {
     /// finding it absent or dead in the old table, where this bucket was
     /// live. So the chain's keys need no comparing.
     ///
+    /// In a tagged map it reads only the slots with no tag (a tagged one is
+    /// filled), and tags the copy before it publishes it (`super::tags`).
+    ///
     /// Bounded: one pass over the table, each slot looked at again only
     /// while another thread fills or publishes it.
     ///
@@ -515,6 +518,13 @@ impl<K> Table<K> {
         let mut waited = 0;
         let mut chain = Chain::new(self, hash);
         loop {
+            // A tagged slot is filled: not ours to take.
+            if super::tags::tagged::<K>() && chain.tag() != 0 {
+                if !chain.advance() {
+                    return false;
+                }
+                continue;
+            }
             let slot = chain.slot();
             match Seen::of(slot.cell.word()) {
                 (Seen::Empty, false) => {
@@ -522,6 +532,9 @@ impl<K> Table<K> {
                         // SAFETY: this thread claimed the slot; `from` is
                         // the caller's contract.
                         unsafe { slot.copy_key(from) };
+                        if super::tags::tagged::<K>() {
+                            chain.set_tag(hash);
+                        }
                         slot.cell.publish(state);
                         return true;
                     }

@@ -9,10 +9,12 @@
 //! is the number of cache lines it must wait for. Here a hit waits for one:
 //! the slot holds the key beside its cell, so the probe that finds the key
 //! has the bucket's state in hand, and the update is a CAS on the same
-//! line. Probes past foreign keys compare keys in place (for keys that own
-//! heap memory, such as `String`, a foreign key of the same length is the
-//! one case that reads another line). Figures, beside governor's DashMap
-//! and the one-probe floor, are in `BENCHMARKS.md`.
+//! line. Probes past foreign keys compare keys in place; keys that own
+//! heap memory (a `String`, whose comparison with a foreign key of the
+//! same length reads another line) keep a four-bit tag a slot beside the
+//! table ([`tags`]), so a probe skips most foreign keys unread. Figures,
+//! beside governor's DashMap and the one-probe floor, are in
+//! `BENCHMARKS.md`.
 //!
 //! A cell must never be copied while it can still be updated, or an update
 //! made on the old copy is lost. So the migration's chunk that holds a
@@ -42,6 +44,8 @@
 //!   made for a number of keys.
 //! - [`chain`]: a key's probe chain, the one walk that lookups, inserts
 //!   and copies take through a table.
+//! - [`tags`]: a nibble a slot for keys that are dear to compare, and why
+//!   a lookup may stop at a slot without one.
 //! - [`migrate`]: growing, shrinking and compacting, by cooperative copy.
 //! - [`evict`]: idle keys swept, and a bucket evicted for a new key at the
 //!   bound.
@@ -81,6 +85,7 @@ mod migrate;
 mod prefetch;
 mod slot;
 mod table;
+mod tags;
 
 use std::borrow::Borrow;
 use std::hash::Hash;
@@ -206,7 +211,9 @@ impl<K> RawMap<K> {
 
 impl<K: Hash + Eq> RawMap<K> {
     /// The live bucket for `key`, if any. One met on its way to the
-    /// successor (COPYING) is waited for, and found there.
+    /// successor (COPYING) is waited for, and found there. In a tagged map
+    /// the walk reads only the slots tagged with the key's fingerprint, and
+    /// ends at the first slot with no tag (`tags`).
     #[inline]
     pub(crate) fn find<'g, Q>(&self, hash: u64, key: &Q, guard: &'g Guard) -> Option<&'g Slot<K>>
     where
@@ -220,6 +227,27 @@ impl<K: Hash + Eq> RawMap<K> {
             let t = unsafe { table.deref() };
             let mut chain = Chain::new(t, hash);
             loop {
+                if tags::tagged::<K>() {
+                    match chain.tag() {
+                        // EMPTY, or claimed and not yet tagged: no key of
+                        // this chain lies past it (see `tags`).
+                        0 => {
+                            #[cfg(turnstile_loom)]
+                            if chain.slot().cell.word() == crate::cell::BUSY {
+                                probe!(LOOKUP_STOPPED_AT_A_CLAIM);
+                            }
+                            break;
+                        }
+                        tag if tag != tags::fingerprint(hash) => {
+                            probe!(LOOKUP_SKIPPED_BY_TAG);
+                            if !chain.advance() {
+                                break;
+                            }
+                            continue;
+                        }
+                        _ => {}
+                    }
+                }
                 let slot = chain.slot();
                 match Seen::of(slot.cell.word()) {
                     (Seen::Empty, _) => break,
@@ -291,6 +319,17 @@ impl<K: Hash + Eq> RawMap<K> {
             // while a BUSY slot's claimer publishes it (a few instructions).
             let mut chain = Chain::new(t, hash);
             loop {
+                if tags::tagged::<K>() {
+                    let tag = chain.tag();
+                    // Another key's slot: filled, and not ours. (A slot
+                    // with no tag is read: EMPTY, or BUSY and maybe ours.)
+                    if tag != 0 && tag != tags::fingerprint(hash) {
+                        if !chain.advance() {
+                            break;
+                        }
+                        continue;
+                    }
+                }
                 let slot = chain.slot();
                 match Seen::of(slot.cell.word()) {
                     (Seen::Empty, true) => {
@@ -324,6 +363,10 @@ impl<K: Hash + Eq> RawMap<K> {
                                 .expect("a key is made before its slot is claimed");
                             // SAFETY: this thread claimed the slot just now.
                             unsafe { slot.write_key(key) };
+                            // Tagged before it is published (`tags`).
+                            if tags::tagged::<K>() {
+                                chain.set_tag(hash);
+                            }
                             slot.cell.publish(fresh);
                             return (slot, true);
                         }

@@ -5,6 +5,7 @@ use crossbeam_epoch::Atomic;
 use crossbeam_utils::CachePadded;
 
 use super::slot::Slot;
+use super::tags::{tagged, Tags};
 use crate::cell::Seen;
 use crate::sync::{AtomicUsize, Ordering};
 
@@ -21,6 +22,8 @@ pub(super) const CLOSED: usize = 1 << (usize::BITS - 1);
 pub(super) struct Table<K> {
     // Read by every lookup.
     pub(super) slots: Box<[Slot<K>]>,
+    /// The slots' tags, for keys that are dear to compare (`super::tags`).
+    pub(super) tags: Tags,
     /// The successor while this table is being migrated.
     pub(super) next: Atomic<Table<K>>,
     /// Slots held back in `occupied` for the buckets a migration may copy
@@ -84,6 +87,7 @@ impl<K> Table<K> {
         debug_assert!(reserved_for_copies <= fill_limit(capacity));
         Table {
             slots: empty_slots(capacity),
+            tags: Tags::new(capacity, tagged::<K>()),
             next: Atomic::null(),
             reserved_for_copies,
             counters: CachePadded::new(TableCounters {
