@@ -465,11 +465,24 @@ mod tests {
         }
     }
 
-    /// A thread closed the root to start a migration and vanished before
-    /// it installed the successor (a vanished insert also held a place in
-    /// `len` and a slot): the repair counts both again and keeps the table
-    /// closed, and the child's next insert installs the successor itself,
-    /// sized from the recounted `len`, and goes on through growths.
+    /// Inserts into `map` (root `t`) a key whose home is slot `orphan`, so
+    /// it lands past it, and asserts that a lookup finds it.
+    fn a_key_past_is_found(map: &RawMap<String>, t: &Table<String>, orphan: usize, guard: &Guard) {
+        let key = (0..)
+            .map(|i| format!("past the orphan {i}"))
+            .find(|key| t.home(map.hash(key.as_str())) == orphan)
+            .expect("a key whose home is the orphan");
+        let hash = map.hash(key.as_str());
+        assert!(map.try_reserve(usize::MAX));
+        let (slot, inserted) =
+            map.insert(hash, key.as_str(), || key.clone(), || 1, &never_idle, guard);
+        assert!(inserted);
+        let found = map
+            .find(hash, key.as_str(), guard)
+            .expect("the key past the orphan");
+        assert!(std::ptr::eq(found, slot));
+    }
+
     /// A tagged map (`String` keys): a slot a vanished insert held BUSY had
     /// no tag yet, and a lookup stops at a tag of 0 (`super::tags`). Once
     /// the repair has orphaned it, keys inserted later may lie past it, so
@@ -487,28 +500,37 @@ mod tests {
 
         assert!(map.repair(&guard).is_none());
         assert_ne!(t.tags.get(orphan), 0, "the orphan is tagged");
-
-        let key = (0..)
-            .map(|i| format!("past the orphan {i}"))
-            .find(|key| t.home(map.hash(key.as_str())) == orphan)
-            .expect("a key whose home is the orphan");
-        let hash = map.hash(key.as_str());
-        assert!(map.try_reserve(usize::MAX));
-        let (slot, inserted) = map.insert(
-            hash,
-            key.as_str(),
-            || key.clone(),
-            || 1,
-            &never_idle,
-            &guard,
-        );
-        assert!(inserted);
-        let found = map
-            .find(hash, key.as_str(), &guard)
-            .expect("the key past the orphan");
-        assert!(std::ptr::eq(found, slot));
+        a_key_past_is_found(&map, t, orphan, &guard);
     }
 
+    /// A repair that a fork cut short between orphaning a slot and tagging
+    /// it (another thread of the child forked then) leaves the grandchild a
+    /// slot COPIED|FROZEN with no tag. The grandchild takes the repair over
+    /// and runs it whole; the slot is no longer BUSY, yet it must be tagged
+    /// all the same, or the grandchild's lookups stop there while its
+    /// inserts pass it (as after a repair that never tagged).
+    #[test]
+    fn an_orphan_left_untagged_by_a_repair_cut_short_is_tagged_by_the_next() {
+        let map = RawMap::<String>::new(ahash::RandomState::with_seeds(5, 6, 7, 8), 1_000);
+        let guard = pin();
+        // SAFETY: the root is alive under `guard`.
+        let t = unsafe { map.root.load(Ordering::Acquire, &guard).deref() };
+        let orphan = 3;
+        assert!(t.slots[orphan].cell.claim_empty() && map.try_reserve(usize::MAX));
+        // The cut repair's step 1, up to the fork: orphaned, not tagged.
+        t.slots[orphan].cell.orphan();
+        assert_eq!(t.tags.get(orphan), 0);
+
+        assert!(map.repair(&guard).is_none());
+        assert_ne!(t.tags.get(orphan), 0, "the orphan is tagged");
+        a_key_past_is_found(&map, t, orphan, &guard);
+    }
+
+    /// A thread closed the root to start a migration and vanished before
+    /// it installed the successor (a vanished insert also held a place in
+    /// `len` and a slot): the repair counts both again and keeps the table
+    /// closed, and the child's next insert installs the successor itself,
+    /// sized from the recounted `len`, and goes on through growths.
     #[test]
     fn a_root_closed_without_a_successor_is_counted_again_and_still_grows() {
         let map = map_of_eight();
