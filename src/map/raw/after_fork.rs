@@ -26,7 +26,9 @@
 //! 1. A BUSY slot is an insert or a copy whose thread vanished after its
 //!    claim: its key may be half written, so it is never read, published
 //!    or dropped. It becomes COPIED|FROZEN, the one word that owns no key
-//!    and that every walk passes over.
+//!    and that every walk passes over. In a tagged map it is tagged too,
+//!    so lookups pass it as well (`super::tags`), and so is an orphan a
+//!    repair that a fork cut short left untagged.
 //! 2. A COPYING slot of the root is a copy whose copier vanished: it is
 //!    marked COPIED, so the old table never owns its key again. If the
 //!    copy was published in the successor, the successor owns the key and
@@ -82,7 +84,7 @@ use std::sync::atomic::{AtomicU64, Ordering as StdOrdering};
 use super::slot::Slot;
 use super::table::Table;
 use super::RawMap;
-use crate::cell::Seen;
+use crate::cell::{Seen, COPIED, FROZEN};
 use crate::map::pin::Guard;
 use crate::sync::Ordering;
 
@@ -240,14 +242,18 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
         count(MAPS);
         for table in std::iter::once(t).chain(n) {
             for (index, slot) in table.slots.iter().enumerate() {
-                if slot.cell.word() == crate::cell::BUSY {
+                let word = slot.cell.word();
+                if word == crate::cell::BUSY {
                     slot.cell.orphan();
-                    // Keys inserted from now on may lie past it: a lookup
-                    // must not stop at it (`super::tags`).
-                    if super::tags::tagged::<K>() {
-                        table.tags.set_any(index);
-                    }
                     count(ORPHANS);
+                }
+                // Keys inserted from now on may lie past an orphan: a
+                // lookup must not stop at it (`super::tags`). Also one a
+                // repair cut short by a fork orphaned but had not tagged
+                // yet (no published slot is COPIED|FROZEN without a tag).
+                let orphaned = word == crate::cell::BUSY || word == COPIED | FROZEN;
+                if super::tags::tagged::<K>() && orphaned {
+                    table.tags.set_any(index);
                 }
             }
         }
@@ -316,7 +322,6 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cell::{COPIED, FROZEN};
     use crate::map::pin::pin;
     use crossbeam_epoch::Shared;
 
