@@ -17,6 +17,13 @@
 //! - [`tiny_bounds_on_shared_homes`]: the same keys under `max_keys` 1, 2,
 //!   3 and 8 with every overflow policy: the bound holds, a key denied room
 //!   (Deny) never admits more than its burst, drops are exact.
+//! - [`published_keys_are_found_while_their_home_fills`]: keys exhausted
+//!   and marked ready must be found by `peek` (a lookup alone; a check's
+//!   insert would mask one that stopped too early) while writers claim
+//!   the slots right behind them on the same home.
+//! - [`multi_limits_admit_the_strictest_burst_on_tagged_keys`] (a
+//!   `KeyedMultiLimiter<String>`): under the same first-check race and
+//!   churn, it admits exactly the strictest burst a key.
 //! - [`lying_hashes_stay_safe`]: keys whose `Hash` changes between calls
 //!   (their tag, home and fingerprint lie): answers may be wrong, but no
 //!   key is dropped twice or leaked, and nothing hangs.
@@ -31,7 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use turnstile_rl::__private::{HasherSeed as _, MigrationChunk as _};
-use turnstile_rl::{KeyedLimiter, ManualClock, OverflowPolicy, Quota};
+use turnstile_rl::{KeyedLimiter, KeyedMultiLimiter, ManualClock, OverflowPolicy, Quota, Quotas};
 use turnstile_test_kit::keys::SplitMix;
 use turnstile_test_kit::within::within;
 
@@ -512,5 +519,87 @@ fn published_keys_are_found_while_their_home_fills() {
     assert!(
         peeks > 10_000 && readied > 2 * GROUP,
         "{peeks} peeks, {readied} keys"
+    );
+}
+
+/// A multi-limit keyed limiter (one map a limit, `String` keys, tagged):
+/// eight threads make the first checks of the same new keys, with peeks,
+/// while a churn thread checks and resets its own keys and sweeps (every
+/// map migrates). On a frozen clock each key admits exactly the strictest
+/// burst. Returns (keys checked by every thread, churn rounds).
+fn multi_race(race: Duration) -> (u64, u64) {
+    let quotas: Quotas = "1/h burst 5; 1/h burst 3".parse().unwrap();
+    let limiter = KeyedMultiLimiter::<String, _>::builder(quotas)
+        .clock(ManualClock::new())
+        .build();
+    const KEYS: usize = 1 << 16;
+    let admitted: Vec<AtomicU64> = (0..KEYS).map(|_| AtomicU64::new(0)).collect();
+    let checks: Vec<AtomicU64> = (0..KEYS).map(|_| AtomicU64::new(0)).collect();
+    let done = AtomicBool::new(false);
+    let rounds = AtomicU64::new(0);
+    let deadline = Instant::now() + race;
+    std::thread::scope(|s| {
+        let churner = s.spawn(|| {
+            let mut next = 0u64;
+            while !done.load(Relaxed) {
+                let keys: Vec<String> = (next..next + 300).map(|i| format!("churn {i}")).collect();
+                next += 300;
+                for k in &keys {
+                    let _ = limiter.check(k);
+                }
+                for k in &keys {
+                    let _ = limiter.reset(k);
+                }
+                if rounds.fetch_add(1, Relaxed).is_multiple_of(3) {
+                    let _ = limiter.evict_idle();
+                }
+            }
+        });
+        let hot: Vec<_> = (0..HOT_THREADS)
+            .map(|thread| {
+                let (limiter, admitted, checks) = (&limiter, &admitted, &checks);
+                s.spawn(move || {
+                    for first in (0..KEYS).step_by(16) {
+                        if Instant::now() > deadline {
+                            break;
+                        }
+                        for _ in 0..4 {
+                            for k in 0..16 {
+                                let i = first + (k + thread) % 16;
+                                let key = format!("hot key {i}");
+                                let _ = limiter.peek(key.as_str());
+                                let allowed = limiter.check(key.as_str()).is_allowed();
+                                checks[i].fetch_add(1, Relaxed);
+                                admitted[i].fetch_add(allowed as u64, Relaxed);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in hot {
+            h.join().unwrap();
+        }
+        done.store(true, Relaxed);
+        churner.join().unwrap();
+    });
+    let mut keys = 0;
+    for (i, (c, a)) in checks.iter().zip(&admitted).enumerate() {
+        let (c, a) = (c.load(Relaxed), a.load(Relaxed));
+        assert_eq!(a, c.min(3), "hot key {i}: {c} checks admitted {a}");
+        keys += (c == 4 * HOT_THREADS as u64) as u64;
+    }
+    (keys, rounds.load(Relaxed))
+}
+
+#[test]
+fn multi_limits_admit_the_strictest_burst_on_tagged_keys() {
+    let (keys, rounds) = within(Duration::from_secs(60), "adv6 multi", || {
+        multi_race(Duration::from_millis(500))
+    });
+    eprintln!("adv6 multi: {keys} keys checked by every thread, {rounds} churn rounds");
+    assert!(
+        keys > 100 && rounds > 3,
+        "{keys} keys, {rounds} churn rounds"
     );
 }
