@@ -34,7 +34,7 @@
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use turnstile_rl::__private::{HasherSeed as _, MigrationChunk as _};
@@ -135,6 +135,11 @@ fn hash_of(id: u64) -> u64 {
 /// fourteen bits (one home in tables up to 16384 slots), and how many pairs in a
 /// group share a fingerprint (the low four bits, 0 read as 1).
 fn colliding_groups() -> (Vec<Vec<u64>>, usize) {
+    static GROUPS_ONCE: OnceLock<(Vec<Vec<u64>>, usize)> = OnceLock::new();
+    GROUPS_ONCE.get_or_init(pick_groups).clone()
+}
+
+fn pick_groups() -> (Vec<Vec<u64>>, usize) {
     let mut by_home: HashMap<u64, Vec<u64>> = HashMap::new();
     let mut groups = Vec::new();
     for id in 1u64 << 40.. {
@@ -294,7 +299,7 @@ fn exact_first_checks_on_shared_homes() {
     let reach = within(Duration::from_secs(60), "adv6 exact race", || {
         let mut total = Reach::default();
         for chunk in [1, 64] {
-            let reach = exact_race(chunk, Duration::from_millis(700));
+            let reach = exact_race(chunk, Duration::from_millis(500));
             total.keys_checked += reach.keys_checked;
             total.contended_first_checks += reach.contended_first_checks;
             total.capacity_changes += reach.capacity_changes;
@@ -388,7 +393,7 @@ fn lying_hashes_stay_safe() {
                 .map(|thread| {
                     let (limiter, counts, groups) = (&limiter, &counts, &groups);
                     s.spawn(move || {
-                        let deadline = Instant::now() + Duration::from_millis(700);
+                        let deadline = Instant::now() + Duration::from_millis(500);
                         let mut out = Vec::new();
                         for ids in groups.iter().cycle() {
                             if Instant::now() > deadline {
@@ -511,8 +516,8 @@ fn visibility_race(chunk: usize, race: Duration) -> (u64, usize) {
 #[test]
 fn published_keys_are_found_while_their_home_fills() {
     let (peeks, readied) = within(Duration::from_secs(60), "adv6 visibility", || {
-        let (a, b) = visibility_race(1, Duration::from_millis(500));
-        let (c, d) = visibility_race(64, Duration::from_millis(500));
+        let (a, b) = visibility_race(1, Duration::from_millis(350));
+        let (c, d) = visibility_race(64, Duration::from_millis(350));
         (a + c, b + d)
     });
     eprintln!("adv6 visibility: {peeks} peeks of {readied} ready keys");
@@ -595,7 +600,7 @@ fn multi_race(race: Duration) -> (u64, u64) {
 #[test]
 fn multi_limits_admit_the_strictest_burst_on_tagged_keys() {
     let (keys, rounds) = within(Duration::from_secs(60), "adv6 multi", || {
-        multi_race(Duration::from_millis(500))
+        multi_race(Duration::from_millis(400))
     });
     eprintln!("adv6 multi: {keys} keys checked by every thread, {rounds} churn rounds");
     assert!(
