@@ -26,7 +26,9 @@
 //! 1. A BUSY slot is an insert or a copy whose thread vanished after its
 //!    claim: its key may be half written, so it is never read, published
 //!    or dropped. It becomes COPIED|FROZEN, the one word that owns no key
-//!    and that every walk passes over.
+//!    and that every walk passes over. In a tagged map it is tagged too,
+//!    so lookups pass it as well (`super::tags`), and so is an orphan a
+//!    repair that a fork cut short left untagged.
 //! 2. A COPYING slot of the root is a copy whose copier vanished: it is
 //!    marked COPIED, so the old table never owns its key again. If the
 //!    copy was published in the successor, the successor owns the key and
@@ -82,7 +84,7 @@ use std::sync::atomic::{AtomicU64, Ordering as StdOrdering};
 use super::slot::Slot;
 use super::table::Table;
 use super::RawMap;
-use crate::cell::Seen;
+use crate::cell::{Seen, COPIED, FROZEN};
 use crate::map::pin::Guard;
 use crate::sync::Ordering;
 
@@ -240,14 +242,18 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
         count(MAPS);
         for table in std::iter::once(t).chain(n) {
             for (index, slot) in table.slots.iter().enumerate() {
-                if slot.cell.word() == crate::cell::BUSY {
+                let word = slot.cell.word();
+                if word == crate::cell::BUSY {
                     slot.cell.orphan();
-                    // Keys inserted from now on may lie past it: a lookup
-                    // must not stop at it (`super::tags`).
-                    if super::tags::tagged::<K>() {
-                        table.tags.set_any(index);
-                    }
                     count(ORPHANS);
+                }
+                // Keys inserted from now on may lie past an orphan: a
+                // lookup must not stop at it (`super::tags`). Also one a
+                // repair cut short by a fork orphaned but had not tagged
+                // yet (no published slot is COPIED|FROZEN without a tag).
+                let orphaned = word == crate::cell::BUSY || word == COPIED | FROZEN;
+                if super::tags::tagged::<K>() && orphaned {
+                    table.tags.set_any(index);
                 }
             }
         }
@@ -316,7 +322,6 @@ impl<K: std::hash::Hash + Eq> RawMap<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cell::{COPIED, FROZEN};
     use crate::map::pin::pin;
     use crossbeam_epoch::Shared;
 
@@ -465,11 +470,24 @@ mod tests {
         }
     }
 
-    /// A thread closed the root to start a migration and vanished before
-    /// it installed the successor (a vanished insert also held a place in
-    /// `len` and a slot): the repair counts both again and keeps the table
-    /// closed, and the child's next insert installs the successor itself,
-    /// sized from the recounted `len`, and goes on through growths.
+    /// Inserts into `map` (root `t`) a key whose home is slot `orphan`, so
+    /// it lands past it, and asserts that a lookup finds it.
+    fn a_key_past_is_found(map: &RawMap<String>, t: &Table<String>, orphan: usize, guard: &Guard) {
+        let key = (0..)
+            .map(|i| format!("past the orphan {i}"))
+            .find(|key| t.home(map.hash(key.as_str())) == orphan)
+            .expect("a key whose home is the orphan");
+        let hash = map.hash(key.as_str());
+        assert!(map.try_reserve(usize::MAX));
+        let (slot, inserted) =
+            map.insert(hash, key.as_str(), || key.clone(), || 1, &never_idle, guard);
+        assert!(inserted);
+        let found = map
+            .find(hash, key.as_str(), guard)
+            .expect("the key past the orphan");
+        assert!(std::ptr::eq(found, slot));
+    }
+
     /// A tagged map (`String` keys): a slot a vanished insert held BUSY had
     /// no tag yet, and a lookup stops at a tag of 0 (`super::tags`). Once
     /// the repair has orphaned it, keys inserted later may lie past it, so
@@ -487,28 +505,37 @@ mod tests {
 
         assert!(map.repair(&guard).is_none());
         assert_ne!(t.tags.get(orphan), 0, "the orphan is tagged");
-
-        let key = (0..)
-            .map(|i| format!("past the orphan {i}"))
-            .find(|key| t.home(map.hash(key.as_str())) == orphan)
-            .expect("a key whose home is the orphan");
-        let hash = map.hash(key.as_str());
-        assert!(map.try_reserve(usize::MAX));
-        let (slot, inserted) = map.insert(
-            hash,
-            key.as_str(),
-            || key.clone(),
-            || 1,
-            &never_idle,
-            &guard,
-        );
-        assert!(inserted);
-        let found = map
-            .find(hash, key.as_str(), &guard)
-            .expect("the key past the orphan");
-        assert!(std::ptr::eq(found, slot));
+        a_key_past_is_found(&map, t, orphan, &guard);
     }
 
+    /// A repair that a fork cut short between orphaning a slot and tagging
+    /// it (another thread of the child forked then) leaves the grandchild a
+    /// slot COPIED|FROZEN with no tag. The grandchild takes the repair over
+    /// and runs it whole; the slot is no longer BUSY, yet it must be tagged
+    /// all the same, or the grandchild's lookups stop there while its
+    /// inserts pass it (as after a repair that never tagged).
+    #[test]
+    fn an_orphan_left_untagged_by_a_repair_cut_short_is_tagged_by_the_next() {
+        let map = RawMap::<String>::new(ahash::RandomState::with_seeds(5, 6, 7, 8), 1_000);
+        let guard = pin();
+        // SAFETY: the root is alive under `guard`.
+        let t = unsafe { map.root.load(Ordering::Acquire, &guard).deref() };
+        let orphan = 3;
+        assert!(t.slots[orphan].cell.claim_empty() && map.try_reserve(usize::MAX));
+        // The cut repair's step 1, up to the fork: orphaned, not tagged.
+        t.slots[orphan].cell.orphan();
+        assert_eq!(t.tags.get(orphan), 0);
+
+        assert!(map.repair(&guard).is_none());
+        assert_ne!(t.tags.get(orphan), 0, "the orphan is tagged");
+        a_key_past_is_found(&map, t, orphan, &guard);
+    }
+
+    /// A thread closed the root to start a migration and vanished before
+    /// it installed the successor (a vanished insert also held a place in
+    /// `len` and a slot): the repair counts both again and keeps the table
+    /// closed, and the child's next insert installs the successor itself,
+    /// sized from the recounted `len`, and goes on through growths.
     #[test]
     fn a_root_closed_without_a_successor_is_counted_again_and_still_grows() {
         let map = map_of_eight();
