@@ -232,8 +232,10 @@ impl<K: Hash + Eq> RawMap<K> {
                         // EMPTY, or claimed and not yet tagged: no key of
                         // this chain lies past it (see `tags`).
                         0 => {
+                            // Relaxed: the probe's read must add no
+                            // synchronisation the models would rely on.
                             #[cfg(turnstile_loom)]
-                            if chain.slot().cell.word() == crate::cell::BUSY {
+                            if chain.slot().cell.word.load(Ordering::Relaxed) == crate::cell::BUSY {
                                 probe!(LOOKUP_STOPPED_AT_A_CLAIM);
                             }
                             break;
