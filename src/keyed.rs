@@ -56,11 +56,10 @@
 //!
 //! Lookups and updates of existing keys take no lock and allocate nothing:
 //! a CAS on a cell fails only because another update, an eviction or a
-//! migration's copy succeeded. Every loop in the map
-//! is bounded (a probe visits each slot of a table at most once, a slot
-//! changes state a handful of times, a migration's successor always has a
-//! free slot for each bucket it receives: see `map::raw`), except the
-//! waits below.
+//! migration's copy succeeded. Every loop in the map is bounded (a probe
+//! visits each slot of a table at most once, a slot changes state a
+//! handful of times, a migration's successor always has a free slot for
+//! each bucket it receives: see `map::raw`), except the waits below.
 //!
 //! - An insert claims its slot before it moves its key in, then publishes
 //!   it: two steps with no allocation, no lock and no code of the key's in
