@@ -7,9 +7,9 @@
 //! `fetch_add` on a cursor), which evicts idle buckets, copies the live
 //! ones (each marked COPYING, then COPIED) and freezes the rest. The
 //! thread that finishes the last chunk swings the root to the successor
-//! and retires the old table
-//! (`crate::map::pin::retire`). A successor migrates only after it has
-//! become the root, so there are at most two tables at a time.
+//! and retires the old table (`crate::map::pin::retire`). A successor
+//! migrates only after it has become the root, so there are at most two
+//! tables at a time.
 //!
 //! # Sizing a successor
 //!
