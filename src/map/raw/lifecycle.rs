@@ -94,7 +94,10 @@ impl Cell {
     /// a reset came first). Deciding the copier before anything is
     /// published is what keeps one owner per key: no second copy can ever
     /// be placed. Only the thread that holds the slot's migration chunk
-    /// calls it, after hashing the key.
+    /// calls it, after hashing the key. AcqRel, as the freeze it replaced:
+    /// Acquire, so the key the copier reads next is visible whichever
+    /// update's word the CAS met (each continues the publish's release
+    /// sequence); Release costs nothing more on a read-modify-write.
     pub(crate) fn start_copy(&self, state: u64) -> bool {
         self.word
             .compare_exchange(live(state), COPYING, Ordering::AcqRel, Ordering::Acquire)
@@ -117,7 +120,8 @@ impl Cell {
 
     /// Live `state` → frozen TOMBSTONE: a bucket whose key's `Hash`
     /// panicked in the migration chunk that held its slot, so it cannot be
-    /// copied. False if the word was not live `state` any more.
+    /// copied. False if the word was not live `state` any more. Relaxed:
+    /// a tombstone publishes nothing, and no one reads the key after it.
     pub(crate) fn bury(&self, state: u64) -> bool {
         self.word
             .compare_exchange(

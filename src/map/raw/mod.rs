@@ -221,6 +221,8 @@ impl<K: Hash + Eq> RawMap<K> {
         Q: ?Sized + Eq,
     {
         let mut table = self.root.load(Ordering::Acquire, guard);
+        // Read only in a tagged map (`tags`), once for the whole walk.
+        let fingerprint = tags::fingerprint(hash);
         loop {
             // SAFETY: tables are reached from the root or a `next` pointer
             // and retired only through the pin, which waits for `guard`'s.
@@ -240,7 +242,7 @@ impl<K: Hash + Eq> RawMap<K> {
                             }
                             break;
                         }
-                        tag if tag != tags::fingerprint(hash) => {
+                        tag if tag != fingerprint => {
                             probe!(LOOKUP_SKIPPED_BY_TAG);
                             if !chain.advance() {
                                 break;
@@ -311,6 +313,8 @@ impl<K: Hash + Eq> RawMap<K> {
         let mut make = Some(make);
         let mut owned: Option<K> = None;
         let mut table = self.root.load(Ordering::Acquire, guard);
+        // Read only in a tagged map (`tags`), once for the whole walk.
+        let fingerprint = tags::fingerprint(hash);
         'tables: loop {
             // SAFETY: as in `find`.
             let t = unsafe { table.deref() };
@@ -325,7 +329,7 @@ impl<K: Hash + Eq> RawMap<K> {
                     let tag = chain.tag();
                     // Another key's slot: filled, and not ours. (A slot
                     // with no tag is read: EMPTY, or BUSY and maybe ours.)
-                    if tag != 0 && tag != tags::fingerprint(hash) {
+                    if tag != 0 && tag != fingerprint {
                         if !chain.advance() {
                             break;
                         }

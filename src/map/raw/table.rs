@@ -58,20 +58,40 @@ pub(super) struct TableCounters {
 /// (in huge pages where it can: `super::huge_pages`).
 #[cfg(not(turnstile_loom))]
 pub(super) fn empty_slots<K>(capacity: usize) -> Box<[Slot<K>]> {
-    let layout = std::alloc::Layout::array::<Slot<K>>(capacity)
-        .unwrap_or_else(|_| panic!("a table of {capacity} slots does not fit in memory"));
-    // SAFETY: the layout is not zero-sized (a slot holds an `AtomicU64` and
-    // capacity >= MIN_CAPACITY), and all-zero bytes are a valid slot: an
-    // `AtomicU64` of 0 (EMPTY) and a key that is `MaybeUninit`. The box
-    // frees with the same layout (`Layout::array` is `[Slot<K>]`'s).
+    // SAFETY: all-zero bytes are a valid slot: an `AtomicU64` of 0 (EMPTY)
+    // and a key that is `MaybeUninit`.
+    let slots = unsafe { zeroed::<Slot<K>>(capacity) };
+    let _ = super::huge_pages::advise(
+        slots.as_ptr().cast_mut().cast(),
+        std::mem::size_of_val(&*slots),
+    );
+    slots
+}
+
+/// `len` values of `T` as zeroed memory from the allocator, which the OS
+/// maps lazily for a large allocation: starting a migration does not write
+/// the whole successor (nor its tags).
+///
+/// # Safety
+/// All-zero bytes are a valid `T`.
+#[cfg(not(turnstile_loom))]
+pub(super) unsafe fn zeroed<T>(len: usize) -> Box<[T]> {
+    let layout = std::alloc::Layout::array::<T>(len)
+        .unwrap_or_else(|_| panic!("{len} table entries do not fit in memory"));
+    if layout.size() == 0 {
+        // No entries (every `T` here has a size): nothing to allocate.
+        debug_assert_eq!(len, 0, "a zero-sized table entry");
+        return Vec::new().into_boxed_slice();
+    }
+    // SAFETY: the layout is not zero-sized (checked above), all-zero bytes
+    // are a valid `T` (the caller's contract), and the box frees with the
+    // same layout (`Layout::array` is `[T]`'s).
     unsafe {
-        let slots = std::alloc::alloc_zeroed(layout);
-        if slots.is_null() {
+        let memory = std::alloc::alloc_zeroed(layout);
+        if memory.is_null() {
             std::alloc::handle_alloc_error(layout);
         }
-        let _ = super::huge_pages::advise(slots, layout.size());
-        let slots = slots.cast::<Slot<K>>();
-        Box::from_raw(std::ptr::slice_from_raw_parts_mut(slots, capacity))
+        Box::from_raw(std::ptr::slice_from_raw_parts_mut(memory.cast::<T>(), len))
     }
 }
 
